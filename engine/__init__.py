@@ -1,0 +1,1 @@
+"""Asteroid engine: model zoo, profiler, cost model, planners, simulator (torch + numpy only)."""

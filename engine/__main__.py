@@ -1,0 +1,5 @@
+"""Entry point: `python -m engine plan|simulate|bench ...` (see engine/cli.py)."""
+
+from engine.cli import main
+
+raise SystemExit(main())

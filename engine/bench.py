@@ -1,0 +1,150 @@
+"""`python -m engine bench planner`: planning time by cluster and model size, and every method's predicted
+throughput on clusters A-D for each model, as a markdown report."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import platform
+import random
+import sys
+import time
+
+from engine.costmodel import Workload, ideal_throughput
+from engine.devices import CLUSTERS, Cluster, Device
+from engine.planners import COMPARED, NoFeasiblePlan, Problem, make_plan
+from engine.planners.asteroid import EXACT_LIMIT, search_size
+from engine.progress import Progress
+
+DEVICES = (4, 8, 16, 32, 64)
+LAYERS = (20, 50, 100, 200)
+MODELS = {"mobilenetv2": 128, "resnet50": 64, "vgg16": 128, "bert-small": 32, "gpt-small": 32}
+TIMING_BATCH = 256
+QUICK = {"devices": (4, 8), "layers": (20, 50), "models": {"mobilenetv2": 128}}
+
+
+def synthetic_workload(layers: int, seed: int = 0) -> Workload:
+    """A CNN-like workload: compute and activations vary layer to layer, parameters grow with depth."""
+    rng = random.Random(seed)
+    fwd = [rng.uniform(5e6, 60e6) for _ in range(layers)]
+    return Workload(
+        model=f"synthetic-{layers}",
+        forward_flops=tuple(fwd),
+        backward_flops=tuple(2 * f for f in fwd),
+        output_bytes=tuple(int(rng.uniform(8e3, 130e3) * (1 - 0.8 * k / layers)) for k in range(layers)),
+        saved_bytes=tuple(int(rng.uniform(16e3, 260e3)) for _ in range(layers)),
+        peak_bytes=tuple(int(rng.uniform(16e3, 130e3)) for _ in range(layers)),
+        param_bytes=tuple(int(rng.uniform(0.2e6, 4e6) * (0.2 + 1.6 * k / layers)) for k in range(layers)),
+        optimizer_bytes=tuple(0 for _ in range(layers)),
+    )
+
+
+def synthetic_cluster(devices: int) -> Cluster:
+    """NX, TX2 and Nano boards in turn."""
+    kinds = ("nx", "tx2", "nano")
+    return Cluster(tuple(Device.of_kind(f"{kinds[k % 3]}-{k}", kinds[k % 3]) for k in range(devices)), name="synthetic")
+
+
+def _time_cell(devices: int, layers: int, out) -> None:
+    problem = Problem(synthetic_workload(layers), synthetic_cluster(devices), TIMING_BATCH)
+    start = time.perf_counter()
+    plan = make_plan("asteroid", problem)
+    out.put((time.perf_counter() - start, len(plan.stages), plan.micro_batches))
+
+
+def time_planning(devices: int, layers: int, timeout: float) -> tuple[float, int, int] | None:
+    """(seconds, stages, micro-batches) of planning in a child process, or None past `timeout`."""
+    ctx = mp.get_context("fork")
+    out = ctx.Queue()
+    proc = ctx.Process(target=_time_cell, args=(devices, layers, out))
+    proc.start()
+    proc.join(timeout)
+    if proc.is_alive():
+        proc.kill()
+        proc.join()
+        return None
+    return out.get() if not out.empty() else None
+
+
+def planner_bench(quick: bool = False, timeout: float = 120.0) -> str:
+    devices = QUICK["devices"] if quick else DEVICES
+    layers = QUICK["layers"] if quick else LAYERS
+    models = QUICK["models"] if quick else MODELS
+    command = "python -m engine bench planner" + (" --quick" if quick else "")
+    lines = [
+        "## Planner",
+        "",
+        f"Command: `{command}` (on {platform.machine()}, Python {platform.python_version()}, one process per cell).",
+        "",
+        f"### Planning time (Asteroid, synthetic CNN-like workload, batch {TIMING_BATCH}, NX/TX2/Nano in turn)",
+        "",
+        "Search: *exact* over every assignment of devices to stages while the cluster's "
+        f"(remaining, group) count-vector pairs stay <= {EXACT_LIMIT}; past that, *ordered*: stage groups are "
+        "contiguous runs of the memory order (the published planner's space). Cells over the time limit say so.",
+        "",
+        "| devices | search | " + " | ".join(f"{n} layers" for n in layers) + " |",
+        "|---|---|" + "---|" * len(layers),
+    ]
+    with Progress(len(devices) * len(layers), "planning time", sys.stderr.isatty()) as bar:
+        for n in devices:
+            mode = "exact" if search_size(synthetic_cluster(n)) <= EXACT_LIMIT else "ordered"
+            cells = []
+            for n_layers in layers:
+                res = time_planning(n, n_layers, timeout)
+                cells.append(f"> {timeout:g} s" if res is None else f"{res[0]:.2f} s ({res[1]} st, M={res[2]})")
+                bar.update(note=f"{n} devices x {n_layers} layers")
+            lines.append(f"| {n} | {mode} | " + " | ".join(cells) + " |")
+    lines += ["", "`st` = stages of the plan found, `M` = micro-batches.", ""]
+    lines += throughput_tables(models)
+    return "\n".join(lines)
+
+
+def throughput_tables(models: dict[str, int]) -> list[str]:
+    """Predicted samples/s of every method per cluster and model, with the ideal and Asteroid's speedups."""
+    from engine.workloads import workload
+
+    lines = [
+        "### Predicted throughput (samples/s) on clusters A-D, 1000 Mbps",
+        "",
+        "Ideal = the sum of every device's own throughput with the whole model and no communication. "
+        "Speedups are Asteroid over data parallelism (dp) and over the best other pipeline planner "
+        "(gpipe, pipedream, ftpipehd). `OOM`: the method's best plan does not fit in memory.",
+        "",
+        "| cluster | model (batch) | ideal | asteroid | dp | gpipe | pipedream | ftpipehd | vs dp | vs best pipeline |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    best_dp = best_pipe = (0.0, "")
+    for name, batch in models.items():
+        w = workload(name)
+        for letter, cluster in CLUSTERS.items():
+            problem = Problem(w, cluster, batch)
+            got: dict[str, float | None] = {}
+            cells = []
+            for method in COMPARED:
+                try:
+                    plan = make_plan(method, problem)
+                    fits = plan.predicted.fits
+                    got[method] = plan.predicted.throughput if fits else None
+                    cells.append(f"{plan.predicted.throughput:.1f}" if fits else "OOM")
+                except NoFeasiblePlan:
+                    got[method] = None
+                    cells.append("none")
+            ours = got["asteroid"]
+            pipes = [v for m, v in got.items() if m in ("gpipe", "pipedream", "ftpipehd") and v]
+            vs_dp = ours / got["dp"] if ours and got["dp"] else None
+            vs_pipe = ours / max(pipes) if ours and pipes else None
+            if vs_dp and vs_dp > best_dp[0]:
+                best_dp = (vs_dp, f"{name} on {letter}")
+            if vs_pipe and vs_pipe > best_pipe[0]:
+                best_pipe = (vs_pipe, f"{name} on {letter}")
+            fmt = lambda v: f"{v:.2f}x" if v else "n/a"  # noqa: E731
+            lines.append(
+                f"| {letter} | {name} ({batch}) | {ideal_throughput(w, cluster):.1f} | "
+                + " | ".join(cells)
+                + f" | {fmt(vs_dp)} | {fmt(vs_pipe)} |"
+            )
+    lines += [
+        "",
+        f"Largest predicted speedup over data parallelism: {best_dp[0]:.2f}x ({best_dp[1]}); "
+        f"over the best other pipeline planner: {best_pipe[0]:.2f}x ({best_pipe[1]}).",
+    ]
+    return lines

@@ -1,0 +1,199 @@
+"""Command line: `python -m engine plan | simulate | bench | models` (contracts in DESIGN.md).
+
+    python -m engine plan --model mobilenetv2 --cluster C --batch-size 128 --method all
+    python -m engine plan --model resnet50 --cluster my-lab.json --batch-size 64 --json > plan.json
+    python -m engine simulate --plan plan.json --trace trace.json
+    python -m engine bench planner
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from engine.costmodel import ideal_throughput
+from engine.devices import GIB, load_cluster
+from engine.errors import UserError
+from engine.plan import Plan
+from engine.planners import COMPARED, PLANNERS, NoFeasiblePlan, Problem, make_plan
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage mistake as one line."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m engine", description="Plan, simulate and benchmark hybrid pipeline training.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("plan", help="plan a model on a cluster and predict its throughput")
+    p.add_argument("--model", required=True, help="a model of the zoo (see `python -m engine models`)")
+    p.add_argument("--cluster", required=True, help="A, B, C, D or a cluster JSON file")
+    p.add_argument("--batch-size", required=True, type=_positive_int, help="global batch size per iteration")
+    p.add_argument("--method", default="asteroid", choices=[*PLANNERS, "all"], help="planner (default asteroid)")
+    p.add_argument("--bandwidth-mbps", type=_positive_float, help="override the cluster's link bandwidth")
+    p.add_argument("--optimizer", default="sgd", choices=["sgd", "adam"], help="optimizer state to budget for")
+    p.add_argument("--refresh-profile", action="store_true", help="profile the model again instead of the cache")
+    p.add_argument("--json", action="store_true", help="print the plan JSON (with --method all: every plan)")
+
+    s = sub.add_parser("simulate", help="simulate one 1F1B iteration of a plan file")
+    s.add_argument("--plan", required=True, help="a plan JSON file (from `plan --json`, or hand-edited)")
+    s.add_argument("--trace", help="write a Chrome-trace file (open in Perfetto or chrome://tracing)")
+    s.add_argument("--json", action="store_true", help="print the result as JSON")
+
+    b = sub.add_parser("bench", help="run a benchmark and print its tables")
+    b.add_argument("name", choices=["planner"], help="planner: planning time and predicted throughput")
+    b.add_argument("--quick", action="store_true", help="a small grid, for a fast look")
+    b.add_argument("--timeout", type=_positive_float, default=120.0, help="seconds allowed per planning cell")
+    b.add_argument("--output", help="also write the markdown report to this file")
+
+    sub.add_parser("models", help="list the model zoo")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return {"plan": cmd_plan, "simulate": cmd_simulate, "bench": cmd_bench, "models": cmd_models}[args.command](
+            args
+        )
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from engine.report import comparison_table, plan_table
+    from engine.workloads import workload
+
+    cluster = load_cluster(args.cluster, args.bandwidth_mbps)
+    w = workload(args.model, refresh=args.refresh_profile, optimizer=args.optimizer)
+    problem = Problem(w, cluster, args.batch_size)
+    if args.method != "all":
+        plan = make_plan(args.method, problem)
+        if not plan.predicted.fits:
+            raise UserError(infeasible_message(problem, args.method))
+        print(json.dumps(plan.to_dict(), indent=2) if args.json else plan_table(plan))
+        return 0
+    results: dict[str, Plan | str] = {}
+    for method in COMPARED:
+        try:
+            results[method] = make_plan(method, problem)
+        except NoFeasiblePlan as exc:
+            if method == "asteroid":
+                raise UserError(infeasible_message(problem, method)) from None
+            results[method] = f"no plan: {exc}"
+    ideal = ideal_throughput(w, cluster)
+    if args.json:
+        doc = {
+            "model": w.model,
+            "batch_size": args.batch_size,
+            "cluster": cluster.to_dict(),
+            "ideal_throughput": ideal,
+            "plans": {m: r.to_dict() if isinstance(r, Plan) else {"error": r} for m, r in results.items()},
+        }
+        print(json.dumps(doc, indent=2))
+    else:
+        print(comparison_table(results, ideal))
+        print()
+        print(plan_table(results["asteroid"]))
+    return 0
+
+
+def infeasible_message(problem: Problem, method: str) -> str:
+    """Say what does not fit, and the largest batch size (halving) the method can offer instead."""
+    w, cluster = problem.workload, problem.cluster
+    state = w.static_bytes(0, w.num_layers)
+    total = sum(d.memory_bytes for d in cluster.devices)
+    msg = (
+        f"model {w.model!r} at batch size {problem.batch_size} does not fit in cluster {cluster.name!r} "
+        f"with method {method} (weights, gradients and optimizer state take {state / GIB:.2f} GiB before "
+        f"activations; the devices have {total / GIB:.2f} GiB usable in all)"
+    )
+    batch = problem.batch_size // 2
+    while batch >= 1:
+        try:
+            plan = make_plan(method, Problem(w, cluster, batch))
+            if plan.predicted.fits:
+                return f"{msg}; the largest batch size that fits is about {batch}: try --batch-size {batch}"
+        except NoFeasiblePlan:
+            pass
+        batch //= 2
+    return f"{msg}; it does not fit even at batch size 1"
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from engine.events import chrome_trace
+    from engine.report import simulation_table
+    from engine.simulator import simulate
+    from engine.workloads import workload
+
+    path = Path(args.plan)
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"plan file {args.plan} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"cannot read plan file {args.plan}: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise UserError(f"plan file {args.plan} is not valid JSON: {exc}") from None
+    plan = Plan.from_dict(doc)
+    sim = simulate(plan, workload(plan.model))
+    if args.trace:
+        trace = chrome_trace(list(sim.events), plan.device_names, f"{plan.method} {plan.model}")
+        try:
+            Path(args.trace).write_text(json.dumps(trace))
+        except OSError as exc:
+            raise UserError(f"cannot write trace {args.trace}: {exc}") from None
+    print(json.dumps(sim.to_dict(), indent=2) if args.json else simulation_table(plan, sim))
+    if args.trace and not args.json:
+        print(f"trace written to {args.trace} (open it in https://ui.perfetto.dev or chrome://tracing)")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from engine.bench import planner_bench
+
+    report = planner_bench(quick=args.quick, timeout=args.timeout)
+    print(report)
+    if args.output:
+        Path(args.output).write_text(report + "\n")
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from engine.models import MODELS
+
+    width = max(map(len, MODELS))
+    for name, spec in MODELS.items():
+        shape = "x".join(map(str, spec.input_shape))
+        print(f"{name.ljust(width)}  {spec.family:<11}  {spec.task:<17}  input {shape:<10}  {spec.description}")
+    return 0

@@ -1,0 +1,253 @@
+"""Cost model: time and memory of a stage on a device group, and the one score every plan is judged by.
+
+Per micro-batch, device d of a stage over layers [i, j) computing n samples is busy
+
+    u_d(n) = o + n * c,    o = 2 (j - i) * LAYER_OVERHEAD_S + messages * latency
+                           c = (W_fwd + W_bwd)(i, j) / flops_d + (a_in + a_out) / bandwidth
+
+(forward, backward, sending its activations on and its input gradients back; `W` is work in FLOPs
+per sample, `a` activation bytes per sample at the stage boundaries). A stage's time is the max over
+its devices. A stage of g >= 2 devices ring-all-reduces its gradients once per iteration:
+2 (g - 1) / g * params / bandwidth + 2 (g - 1) * latency. Under 1F1B with M micro-batches, S stages:
+
+    iteration = sum_s u_s + (M - 1) * max_s u_s + max_s allreduce_s
+
+which is exactly (M + S - 1)(f + b) for equal stages. Memory of a device in the stage with k stages
+after it (itself included): weights + gradients + optimizer state + n * (min(k, M) * saved + peak).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.devices import LAYER_OVERHEAD_S, Cluster, Device
+from engine.errors import UserError
+from engine.plan import Plan, Prediction, Share, Stage
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Device-independent per-layer, per-sample costs of one model (from a profile, or made up in tests)."""
+
+    model: str
+    forward_flops: tuple[float, ...]
+    backward_flops: tuple[float, ...]
+    output_bytes: tuple[int, ...]
+    saved_bytes: tuple[int, ...]
+    peak_bytes: tuple[int, ...]
+    param_bytes: tuple[int, ...]
+    optimizer_bytes: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        n = len(self.forward_flops)
+        for name in ("backward_flops", "output_bytes", "saved_bytes", "peak_bytes", "param_bytes", "optimizer_bytes"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"workload {self.model}: {name} has {len(getattr(self, name))} layers, expected {n}")
+        if n == 0:
+            raise ValueError(f"workload {self.model}: no layers")
+        cum = lambda xs: np.concatenate([[0.0], np.cumsum(np.asarray(xs, dtype=float))])  # noqa: E731
+        object.__setattr__(self, "_work", cum(np.add(self.forward_flops, self.backward_flops)))
+        object.__setattr__(self, "_fwd", cum(self.forward_flops))
+        object.__setattr__(self, "_bwd", cum(self.backward_flops))
+        ints = lambda xs: [0, *np.cumsum(np.asarray(xs, dtype=np.int64)).tolist()]  # noqa: E731
+        object.__setattr__(self, "_saved", ints(self.saved_bytes))
+        object.__setattr__(self, "_static", ints(np.multiply(2, self.param_bytes) + np.asarray(self.optimizer_bytes)))
+        object.__setattr__(self, "_params", ints(self.param_bytes))
+        object.__setattr__(self, "work_prefix", self._work.tolist())
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.forward_flops)
+
+    def work(self, i: int, j: int) -> float:
+        """Forward + backward FLOPs per sample of layers [i, j)."""
+        return float(self._work[j] - self._work[i])
+
+    def forward(self, i: int, j: int) -> float:
+        return float(self._fwd[j] - self._fwd[i])
+
+    def backward(self, i: int, j: int) -> float:
+        return float(self._bwd[j] - self._bwd[i])
+
+    def saved(self, i: int, j: int) -> int:
+        return self._saved[j] - self._saved[i]
+
+    def static_bytes(self, i: int, j: int) -> int:
+        """Weights + gradients + optimizer state of layers [i, j)."""
+        return self._static[j] - self._static[i]
+
+    def params(self, i: int, j: int) -> int:
+        return self._params[j] - self._params[i]
+
+    def peak(self, i: int, j: int) -> int:
+        return max(self.peak_bytes[i:j])
+
+    def boundary_bytes(self, i: int, j: int) -> tuple[int, int]:
+        """Activation bytes per sample entering and leaving a stage over [i, j)."""
+        a_in = self.output_bytes[i - 1] if i > 0 else 0
+        a_out = self.output_bytes[j - 1] if j < self.num_layers else 0
+        return a_in, a_out
+
+    @classmethod
+    def from_profile(cls, profile) -> Workload:
+        """Turn a host profile into FLOP-equivalent work: the host's measured time shape, scaled by FLOPs.
+
+        Each layer's work is its measured host time times the host's average FLOP/s on this model, so
+        layers that run below the average rate (depthwise convs, norms) cost what they really cost,
+        while the model's total stays its FLOP count. Devices then turn work into seconds by their speed.
+        """
+        layers = profile.layers
+        host_s = sum(lp.forward_s + lp.backward_s for lp in layers)
+        flops = sum(lp.flops for lp in layers)
+        rate = flops / host_s if host_s > 0 else 1.0
+        return cls(
+            model=profile.model,
+            forward_flops=tuple(lp.forward_s * rate for lp in layers),
+            backward_flops=tuple(lp.backward_s * rate for lp in layers),
+            output_bytes=tuple(int(lp.output_bytes) for lp in layers),
+            saved_bytes=tuple(int(lp.saved_bytes) for lp in layers),
+            peak_bytes=tuple(int(lp.peak_bytes) for lp in layers),
+            param_bytes=tuple(int(lp.param_bytes) for lp in layers),
+            optimizer_bytes=tuple(int(lp.optimizer_bytes) for lp in layers),
+        )
+
+
+@dataclass(frozen=True)
+class StageTerms:
+    """u(n) = fixed + n * per_sample for one device on one stage, and its sample cap from memory."""
+
+    fixed: float
+    per_sample: float
+    cap: int  # most samples per micro-batch that fit in the device's memory (0: not even one)
+
+
+def stage_terms(w: Workload, cluster: Cluster, dev: Device, i: int, j: int, in_flight: int) -> StageTerms:
+    a_in, a_out = w.boundary_bytes(i, j)
+    messages = 2 * ((i > 0) + (j < w.num_layers))
+    fixed = 2 * (j - i) * LAYER_OVERHEAD_S + messages * cluster.latency_s
+    per_sample = w.work(i, j) / dev.flops_per_s + (a_in + a_out) / cluster.bytes_per_s
+    per_sample = max(per_sample, 1e-15)  # a stage of free layers (flatten) still takes a sample
+    per_mem = in_flight * w.saved(i, j) + w.peak(i, j)
+    free = dev.memory_bytes - w.static_bytes(i, j)
+    cap = 0 if free < 0 else (free // per_mem if per_mem > 0 else 1 << 30)
+    return StageTerms(fixed, per_sample, int(cap))
+
+
+def device_memory(w: Workload, dev_in_stage: tuple[int, int, int, int]) -> int:
+    """Bytes a device uses: (i, j, in_flight, samples)."""
+    i, j, in_flight, n = dev_in_stage
+    return w.static_bytes(i, j) + n * (in_flight * w.saved(i, j) + w.peak(i, j))
+
+
+def allreduce_s(w: Workload, cluster: Cluster, i: int, j: int, group: int) -> float:
+    """Ring all-reduce of the stage's gradients across `group` devices."""
+    if group < 2:
+        return 0.0
+    return 2 * (group - 1) / group * w.params(i, j) / cluster.bytes_per_s + 2 * (group - 1) * cluster.latency_s
+
+
+def allocate(terms: list[StageTerms], counts: list[int], m: int) -> tuple[float, list[list[int]]] | None:
+    """Split m samples over classes of identical devices (counts[k] devices with terms[k]) minimizing the
+    slowest device's time, every device >= 1 sample and within its memory cap. Exact.
+
+    Returns (stage time, per-class list of per-device samples), or None when it cannot fit.
+    Starts from the proportional (fractional) split, which never overshoots the optimum, then moves
+    single samples greedily to the device that finishes earliest with one more (or off the straggler).
+    """
+    g = sum(counts)
+    if g == 0 or g > m:
+        return None
+    if any(c and t.cap < 1 for t, c in zip(terms, counts)):
+        return None
+    if sum(min(t.cap, m) * c for t, c in zip(terms, counts)) < m:
+        return None
+    # Fractional water level ignoring caps: sum_k c_k (T - o_k) / p_k = m.
+    inv = sum(c / t.per_sample for t, c in zip(terms, counts) if c)
+    level = (m + sum(c * t.fixed / t.per_sample for t, c in zip(terms, counts) if c)) / inv
+    base = []
+    for t, c in zip(terms, counts):
+        q = math.floor((level - t.fixed) / t.per_sample) if c else 0
+        base.append(max(1, min(t.cap, q)) if c else 0)
+    # Per class: `extra[k]` devices hold base[k] + 1, the rest base[k].
+    extra = [0] * len(counts)
+    total = sum(b * c for b, c in zip(base, counts))
+
+    def finish(k: int) -> float:
+        t = terms[k]
+        return t.fixed + (base[k] + (1 if extra[k] else 0)) * t.per_sample
+
+    while total > m:  # only from the >= 1 clamp: take samples off the slowest device
+        k = max((k for k, c in enumerate(counts) if c and (base[k] > 1 or extra[k])), key=finish)
+        if extra[k]:
+            extra[k] -= 1
+        else:
+            base[k] -= 1
+            extra[k] = counts[k] - 1
+        total -= 1
+    while total < m:
+        best, best_t = -1, math.inf
+        for k, c in enumerate(counts):
+            if not c:
+                continue
+            nxt = base[k] + 1
+            if nxt > terms[k].cap:
+                continue
+            t_next = terms[k].fixed + nxt * terms[k].per_sample
+            if t_next < best_t:
+                best, best_t = k, t_next
+        extra[best] += 1
+        if extra[best] == counts[best]:
+            base[best] += 1
+            extra[best] = 0
+        total += 1
+    time = max(finish(k) for k, c in enumerate(counts) if c)
+    shares = [[base[k] + 1] * extra[k] + [base[k]] * (c - extra[k]) for k, c in enumerate(counts)]
+    return time, shares
+
+
+def stage_time(terms: list[StageTerms], shares: list[int]) -> float:
+    return max(t.fixed + n * t.per_sample for t, n in zip(terms, shares))
+
+
+def iteration_time(stage_times: list[float], allreduces: list[float], micro_batches: int) -> float:
+    return sum(stage_times) + (micro_batches - 1) * max(stage_times) + max(allreduces)
+
+
+def score(plan: Plan, w: Workload) -> Prediction:
+    """Predicted iteration time, throughput, bubble fraction and memory of any plan (fits or not)."""
+    plan.validate(w.num_layers)
+    if plan.model != w.model:
+        raise UserError(f"plan is for model {plan.model!r} but the workload is {w.model!r}")
+    cluster, M, S = plan.cluster, plan.micro_batches, len(plan.stages)
+    times, reduces, memory, busy, fits = [], [], {}, 0.0, True
+    for p, st in enumerate(plan.stages):
+        in_flight = min(S - p, M)
+        terms = [stage_terms(w, cluster, cluster.device(s.name), st.start, st.end, in_flight) for s in st.devices]
+        times.append(stage_time(terms, [s.samples for s in st.devices]))
+        reduces.append(allreduce_s(w, cluster, st.start, st.end, len(st.devices)))
+        for t, s in zip(terms, st.devices):
+            memory[s.name] = device_memory(w, (st.start, st.end, in_flight, s.samples))
+            fits &= memory[s.name] <= cluster.device(s.name).memory_bytes
+            busy += M * (t.fixed + s.samples * t.per_sample)
+    total = iteration_time(times, reduces, M)
+    bubble = 1 - busy / (len(memory) * total)
+    return Prediction(total, plan.batch_size / total, bubble, memory, fits)
+
+
+def ideal_throughput(w: Workload, cluster: Cluster) -> float:
+    """Sum of every device's own training throughput (whole model, no communication, no memory limit)."""
+    total = w.work(0, w.num_layers)
+    return sum(d.flops_per_s / total for d in cluster.devices)
+
+
+def single_stage(w: Workload, cluster: Cluster, devices: list[Device], i: int, j: int, m: int, in_flight: int):
+    """Best allocation of m samples over `devices` for one stage: (time, shares) or None if it cannot fit."""
+    terms = [stage_terms(w, cluster, d, i, j, in_flight) for d in devices]
+    result = allocate(terms, [1] * len(devices), m)
+    if result is None:
+        return None
+    time, shares = result
+    return time, Stage(i, j, tuple(Share(d.name, s[0]) for d, s in zip(devices, shares)))

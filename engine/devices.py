@@ -1,0 +1,221 @@
+"""Device kinds, devices and clusters: the hardware a plan is made for, and the cluster file format."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine.errors import UserError
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class DeviceKind:
+    """A board model. `gflops` is NVIDIA's public FP16 peak; `reserved_gb` is what the OS and CUDA keep."""
+
+    key: str
+    label: str
+    memory_gb: float
+    gflops: float
+    reserved_gb: float
+
+
+# Jetson facts from DESIGN.md (FP16 peak). Memory on the Nano is shared CPU/GPU, so more is reserved.
+KINDS: dict[str, DeviceKind] = {
+    k.key: k
+    for k in (
+        DeviceKind("jetson-nano", "Jetson Nano", 4.0, 472.0, 1.2),
+        DeviceKind("jetson-tx2", "Jetson TX2", 8.0, 1330.0, 1.5),
+        DeviceKind("jetson-xavier-nx", "Jetson Xavier NX", 8.0, 1690.0, 1.5),
+    )
+}
+ALIASES = {"nano": "jetson-nano", "tx2": "jetson-tx2", "nx": "jetson-xavier-nx", "xavier-nx": "jetson-xavier-nx"}
+SHORT = {v: k for k, v in ALIASES.items() if k != "xavier-nx"}
+
+# Fraction of FP16 peak a board sustains when training in FP32 (about half the peak is FP32, and
+# training kernels reach roughly half of that). Used to turn FLOPs into device seconds.
+TRAINING_EFFICIENCY = 0.25
+# Fixed cost a device pays per layer per forward or backward pass (kernel launches, Python).
+LAYER_OVERHEAD_S = 50e-6
+
+
+def get_kind(name: str) -> DeviceKind:
+    """The kind for a key or alias ("nano", "jetson-tx2", ...)."""
+    key = ALIASES.get(name.lower(), name.lower())
+    if key not in KINDS:
+        known = ", ".join(sorted(set(KINDS) | set(ALIASES)))
+        raise UserError(f"unknown device kind {name!r}; known kinds: {known}")
+    return KINDS[key]
+
+
+@dataclass(frozen=True)
+class Device:
+    """One device of a cluster: a named board of a kind, or a custom device with its own memory and speed."""
+
+    name: str
+    kind: str
+    memory_gb: float
+    gflops: float
+    reserved_gb: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise UserError("a device needs a non-empty name")
+        if self.memory_gb <= self.reserved_gb:
+            raise UserError(f"device {self.name!r}: memory_gb {self.memory_gb} must exceed reserved {self.reserved_gb}")
+        if self.gflops <= 0:
+            raise UserError(f"device {self.name!r}: gflops must be positive, got {self.gflops}")
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes a training process may use on this device."""
+        return int((self.memory_gb - self.reserved_gb) * GIB)
+
+    @property
+    def flops_per_s(self) -> float:
+        """Sustained training FLOP/s."""
+        return self.gflops * 1e9 * TRAINING_EFFICIENCY
+
+    @property
+    def spec(self) -> tuple:
+        """What makes two devices interchangeable for planning."""
+        return (self.kind, self.memory_gb, self.gflops, self.reserved_gb)
+
+    @classmethod
+    def of_kind(cls, name: str, kind: str) -> Device:
+        k = get_kind(kind)
+        return cls(name, k.key, k.memory_gb, k.gflops, k.reserved_gb)
+
+    def to_dict(self) -> dict:
+        if self.kind in KINDS:
+            return {"name": self.name, "kind": self.kind}
+        return {"name": self.name, "memory_gb": self.memory_gb, "gflops": self.gflops}
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Devices on one LAN; every link has the same bandwidth and latency."""
+
+    devices: tuple[Device, ...]
+    bandwidth_mbps: float = 1000.0
+    latency_ms: float = 0.2
+    name: str = "custom"
+    _index: dict = field(default=None, init=False, repr=False, compare=False)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if not self.devices:
+            raise UserError("a cluster needs at least one device")
+        names = [d.name for d in self.devices]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise UserError(f"duplicate device names in cluster: {', '.join(dupes)}")
+        if self.bandwidth_mbps <= 0:
+            raise UserError(f"bandwidth_mbps must be positive, got {self.bandwidth_mbps}")
+        if self.latency_ms < 0:
+            raise UserError(f"latency_ms must be >= 0, got {self.latency_ms}")
+        object.__setattr__(self, "_index", {d.name: d for d in self.devices})
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self.bandwidth_mbps * 1e6 / 8
+
+    @property
+    def latency_s(self) -> float:
+        return self.latency_ms / 1000
+
+    def device(self, name: str) -> Device:
+        try:
+            return self._index[name]
+        except KeyError:
+            raise UserError(f"device {name!r} is not in cluster {self.name!r}") from None
+
+    def with_bandwidth(self, mbps: float) -> Cluster:
+        return Cluster(self.devices, mbps, self.latency_ms, self.name)
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "bandwidth_mbps": self.bandwidth_mbps,
+            "latency_ms": self.latency_ms,
+            "devices": [d.to_dict() for d in self.devices],
+        }
+
+    @classmethod
+    def from_dict(cls, doc: object, name: str = "custom") -> Cluster:
+        """Parse a cluster document; every mistake names the field."""
+        if not isinstance(doc, dict):
+            raise UserError("cluster file: top level must be a JSON object with a 'devices' list")
+        devices_doc = doc.get("devices")
+        if not isinstance(devices_doc, list) or not devices_doc:
+            raise UserError("cluster file: 'devices' must be a non-empty list")
+        devices = []
+        for i, d in enumerate(devices_doc):
+            where = f"cluster file: devices[{i}]"
+            if not isinstance(d, dict):
+                raise UserError(f"{where} must be an object like {{\"name\": \"nano-0\", \"kind\": \"jetson-nano\"}}")
+            dev_name = d.get("name")
+            if not isinstance(dev_name, str) or not dev_name:
+                raise UserError(f"{where}.name must be a non-empty string")
+            if "kind" in d and d["kind"] != "custom":
+                if not isinstance(d["kind"], str):
+                    raise UserError(f"{where}.kind must be a string")
+                base = get_kind(d["kind"])
+            else:
+                base = None
+            values = {}
+            for key in ("memory_gb", "gflops", "reserved_gb"):
+                v = d.get(key, getattr(base, key) if base else (0.0 if key == "reserved_gb" else None))
+                if v is None:
+                    raise UserError(f"{where}.{key} is required for a custom device (or give a 'kind')")
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+                    raise UserError(f"{where}.{key} must be a non-negative number, got {v!r}")
+                values[key] = float(v)
+            kind = base.key if base else "custom"
+            if base and (values["memory_gb"], values["gflops"]) != (base.memory_gb, base.gflops):
+                kind = "custom"
+            devices.append(Device(dev_name, kind, values["memory_gb"], values["gflops"], values["reserved_gb"]))
+        extra = {}
+        for key in ("bandwidth_mbps", "latency_ms"):
+            if key in doc:
+                v = doc[key]
+                if isinstance(v, bool) or not isinstance(v, (int, float)):
+                    raise UserError(f"cluster file: {key} must be a number, got {v!r}")
+                extra[key] = float(v)
+        label = doc.get("name", name)
+        return cls(tuple(devices), name=str(label), **extra)
+
+
+def _builtin(label: str, counts: list[tuple[str, int]]) -> Cluster:
+    devices = tuple(Device.of_kind(f"{short}-{i}", short) for short, n in counts for i in range(n))
+    return Cluster(devices, name=label)
+
+
+# The clusters of the Asteroid evaluation (DESIGN.md).
+CLUSTERS: dict[str, Cluster] = {
+    "A": _builtin("A", [("nano", 5)]),
+    "B": _builtin("B", [("nx", 3), ("tx2", 2)]),
+    "C": _builtin("C", [("nx", 1), ("tx2", 2), ("nano", 3)]),
+    "D": _builtin("D", [("tx2", 1), ("nano", 3)]),
+}
+
+
+def load_cluster(arg: str, bandwidth_mbps: float | None = None) -> Cluster:
+    """A built-in cluster by letter, or a cluster JSON file; optionally override the bandwidth."""
+    if arg.upper() in CLUSTERS and not Path(arg).exists():
+        cluster = CLUSTERS[arg.upper()]
+    else:
+        path = Path(arg)
+        if not path.is_file():
+            raise UserError(f"unknown cluster {arg!r}: use one of {', '.join(CLUSTERS)} or a cluster JSON file")
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UserError(f"cannot read cluster file {arg}: {exc}") from None
+        except json.JSONDecodeError as exc:
+            raise UserError(f"cluster file {arg} is not valid JSON: {exc}") from None
+        cluster = Cluster.from_dict(doc, name=path.stem)
+    if bandwidth_mbps is not None:
+        cluster = cluster.with_bandwidth(bandwidth_mbps)
+    return cluster

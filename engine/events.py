@@ -1,0 +1,45 @@
+"""Timeline events, one plain-data form for the simulator, the runtime and the dashboard; Chrome-trace export."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+KINDS = ("F", "B", "send", "recv", "all-reduce")
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """One step of one device: compute (F/B), a transfer (send/recv) or the stage's gradient all-reduce."""
+
+    device: str
+    stage: int
+    micro_batch: int  # -1 for the all-reduce
+    kind: str
+    start: float  # seconds from the start of the iteration (or run)
+    end: float
+    peer: str = ""  # the other device of a send/recv
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def chrome_trace(events: list[StepEvent], devices: list[str], name: str = "asteroid") -> dict:
+    """A Chrome-trace document (chrome://tracing, Perfetto): one row per device, times in microseconds."""
+    tid = {d: k for k, d in enumerate(devices)}
+    trace = [{"name": "process_name", "ph": "M", "pid": 0, "args": {"name": name}}]
+    trace += [{"name": "thread_name", "ph": "M", "pid": 0, "tid": t, "args": {"name": d}} for d, t in tid.items()]
+    for e in events:
+        label = e.kind if e.micro_batch < 0 else f"{e.kind}{e.micro_batch}"
+        trace.append(
+            {
+                "name": label if not e.peer else f"{label}->{e.peer}" if e.kind == "send" else f"{label}<-{e.peer}",
+                "cat": e.kind,
+                "ph": "X",
+                "pid": 0,
+                "tid": tid[e.device],
+                "ts": e.start * 1e6,
+                "dur": (e.end - e.start) * 1e6,
+                "args": {"stage": e.stage, "micro_batch": e.micro_batch},
+            }
+        )
+    return {"traceEvents": trace, "displayTimeUnit": "ms"}

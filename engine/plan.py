@@ -1,0 +1,164 @@
+"""The plan: stages of device groups with per-device micro-batch shares, as dataclasses and plan JSON."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.devices import Cluster
+from engine.errors import UserError
+
+
+@dataclass(frozen=True)
+class Share:
+    """One device of a stage and how many samples of each micro-batch it computes."""
+
+    name: str
+    samples: int
+
+
+@dataclass(frozen=True)
+class Stage:
+    """Layers [start, end) of the model, run data-parallel by `devices`."""
+
+    start: int
+    end: int
+    devices: tuple[Share, ...]
+
+    @property
+    def samples(self) -> int:
+        return sum(s.samples for s in self.devices)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What the cost model says a plan will do."""
+
+    iteration_s: float
+    throughput: float
+    bubble_fraction: float
+    memory_bytes: dict[str, int]
+    fits: bool
+
+    def to_dict(self) -> dict:
+        return {
+            "iteration_s": self.iteration_s,
+            "throughput": self.throughput,
+            "bubble_fraction": self.bubble_fraction,
+            "memory_bytes": dict(self.memory_bytes),
+            "fits": self.fits,
+        }
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A hybrid-pipeline plan for one model, batch size and cluster (the plan JSON of DESIGN.md)."""
+
+    method: str
+    model: str
+    batch_size: int
+    micro_batches: int
+    stages: tuple[Stage, ...]
+    cluster: Cluster
+    predicted: Prediction | None = field(default=None, compare=False)
+
+    @property
+    def micro_batch_size(self) -> int:
+        return self.batch_size // self.micro_batches
+
+    @property
+    def device_names(self) -> list[str]:
+        return [s.name for st in self.stages for s in st.devices]
+
+    def validate(self, num_layers: int) -> None:
+        """Raise UserError unless the plan is well formed for a model of `num_layers` layers."""
+        if self.micro_batches < 1 or self.batch_size % self.micro_batches:
+            raise UserError(
+                f"plan: batch_size {self.batch_size} is not divisible into {self.micro_batches} micro-batches"
+            )
+        if not self.stages:
+            raise UserError("plan: needs at least one stage")
+        expect = 0
+        for k, st in enumerate(self.stages):
+            if st.start != expect or st.end <= st.start:
+                raise UserError(
+                    f"plan: stages[{k}].layers {[st.start, st.end]} must start at {expect} and be non-empty; "
+                    "stages must cover the layers in order"
+                )
+            expect = st.end
+            if not st.devices:
+                raise UserError(f"plan: stages[{k}] has no devices")
+            if st.samples != self.micro_batch_size:
+                raise UserError(
+                    f"plan: stages[{k}] shares sum to {st.samples}, but a micro-batch has "
+                    f"{self.micro_batch_size} samples ({self.batch_size}/{self.micro_batches})"
+                )
+            for s in st.devices:
+                if s.samples < 1:
+                    raise UserError(f"plan: stages[{k}] device {s.name!r} needs at least 1 sample, has {s.samples}")
+                self.cluster.device(s.name)
+        if expect != num_layers:
+            raise UserError(f"plan: stages cover layers [0, {expect}) but model {self.model!r} has {num_layers}")
+        names = self.device_names
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise UserError(f"plan: device(s) {', '.join(dupes)} appear in more than one place")
+
+    def with_prediction(self, predicted: Prediction) -> Plan:
+        return Plan(self.method, self.model, self.batch_size, self.micro_batches, self.stages, self.cluster, predicted)
+
+    def to_dict(self) -> dict:
+        doc = {
+            "method": self.method,
+            "model": self.model,
+            "batch_size": self.batch_size,
+            "micro_batches": self.micro_batches,
+            "bandwidth_mbps": self.cluster.bandwidth_mbps,
+            "stages": [
+                {"layers": [st.start, st.end], "devices": [{"name": s.name, "samples": s.samples} for s in st.devices]}
+                for st in self.stages
+            ],
+            "cluster": self.cluster.to_dict(),
+        }
+        if self.predicted is not None:
+            doc["predicted"] = self.predicted.to_dict()
+        return doc
+
+    @classmethod
+    def from_dict(cls, doc: object) -> Plan:
+        """Parse plan JSON; every mistake names the field. The `predicted` block is ignored (re-scored)."""
+        if not isinstance(doc, dict):
+            raise UserError("plan: top level must be a JSON object")
+
+        def need(key: str, kind: type | tuple[type, ...]):
+            if key not in doc:
+                raise UserError(f"plan: missing field {key!r}")
+            value = doc[key]
+            if isinstance(value, bool) or not isinstance(value, kind):
+                raise UserError(f"plan: field {key!r} has the wrong type ({type(value).__name__})")
+            return value
+
+        cluster = Cluster.from_dict(need("cluster", dict), name="plan")
+        if "bandwidth_mbps" in doc:
+            bw = need("bandwidth_mbps", (int, float))
+            cluster = cluster.with_bandwidth(float(bw))
+        stages = []
+        for k, st in enumerate(need("stages", list)):
+            if not isinstance(st, dict):
+                raise UserError(f"plan: stages[{k}] must be an object with 'layers' and 'devices'")
+            layers = st.get("layers")
+            if not (isinstance(layers, list) and len(layers) == 2 and all(type(x) is int for x in layers)):
+                raise UserError(f"plan: stages[{k}].layers must be [start, end] integers")
+            devs = st.get("devices")
+            if not isinstance(devs, list):
+                raise UserError(f"plan: stages[{k}].devices must be a list")
+            shares = []
+            for d, dev in enumerate(devs):
+                if not (isinstance(dev, dict) and isinstance(dev.get("name"), str) and type(dev.get("samples")) is int):
+                    raise UserError(f"plan: stages[{k}].devices[{d}] must be {{\"name\": str, \"samples\": int}}")
+                shares.append(Share(dev["name"], dev["samples"]))
+            stages.append(Stage(layers[0], layers[1], tuple(shares)))
+        batch_size = need("batch_size", int)
+        micro_batches = need("micro_batches", int)
+        if batch_size < 1 or micro_batches < 1:
+            raise UserError("plan: batch_size and micro_batches must be positive")
+        return cls(str(need("method", str)), need("model", str), batch_size, micro_batches, tuple(stages), cluster)

@@ -1,0 +1,30 @@
+"""Planners: Asteroid's hybrid-pipeline DP, the baselines, and the exhaustive oracle, all on one cost model."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from engine.errors import UserError
+from engine.plan import Plan
+from engine.planners import asteroid, baselines, exhaustive
+from engine.planners.common import NoFeasiblePlan, Problem
+
+PLANNERS: dict[str, Callable[[Problem], Plan]] = {
+    "asteroid": asteroid.plan,
+    "dp": baselines.dp,
+    "gpipe": baselines.gpipe,
+    "pipedream": baselines.pipedream,
+    "ftpipehd": baselines.ftpipehd,
+    "exhaustive": exhaustive.plan,
+}
+# `--method all` compares these; exhaustive only runs on small instances, so it is asked for by name.
+COMPARED = ("asteroid", "dp", "gpipe", "pipedream", "ftpipehd")
+
+
+def make_plan(method: str, problem: Problem) -> Plan:
+    if method not in PLANNERS:
+        raise UserError(f"unknown method {method!r}; known methods: {', '.join(PLANNERS)}, all")
+    return PLANNERS[method](problem)
+
+
+__all__ = ["COMPARED", "PLANNERS", "NoFeasiblePlan", "Problem", "make_plan"]

@@ -1,0 +1,213 @@
+"""Asteroid planner: exact dynamic programming over layer ranges, device groups and stage count.
+
+The published planner orders devices by memory and gives each stage a contiguous run of that order.
+Here a stage's group is any multiset of device *classes* (devices with the same kind, memory and
+speed are interchangeable), so the search covers every assignment of devices to stages and finds the
+true optimum of the cost model. For each micro-batch count M, the DP is over suffixes:
+
+    best(i, r, k) = Pareto front of (max stage time, sum of stage times, max all-reduce) for
+                    covering layers [i, L) with exactly k stages drawn from the device counts r,
+
+and the iteration time sum + (M - 1) * max + allreduce is minimized at the top. Inside a stage the
+micro-batch is split by `costmodel.allocate` (proportional to speed, capped by memory, samples moved
+off the straggler). The search is bounded by a cap U on stage time: a plan of iteration time T has
+every stage below T / M and needs W_rest * m / speed(rest) <= U for what is left, so a DP run with
+cap U finds exactly the plans with T <= M * U. The bound on T starts at the lower bound (total
+work over total speed) and loosens until some micro-batch count has a plan within it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from bisect import bisect_left, bisect_right
+
+from engine.costmodel import allocate, allreduce_s, stage_terms
+from engine.plan import Plan, Share, Stage
+from engine.planners.common import NoFeasiblePlan, Problem, device_classes, finish
+
+SLACK = 1 + 1e-9  # float headroom on bounds, so a plan exactly at the cap is never cut
+# Past this many (remaining, group) pairs the exact search is too slow; groups are then contiguous runs
+# of the memory order, as in the published planner (still every layer range, stage count and share).
+EXACT_LIMIT = 5000
+GROWTH = 1.05  # how much the iteration-time bound loosens per round
+
+
+class _Search:
+    """One DP for a fixed micro-batch count."""
+
+    def __init__(self, problem: Problem, micro_batches: int, exact: bool):
+        self.exact = exact
+        self.w = problem.workload
+        self.cluster = problem.cluster
+        self.M = micro_batches
+        self.m = problem.batch_size // micro_batches
+        self.classes = device_classes(problem.cluster)
+        self.speed = [c[0].flops_per_s for c in self.classes]
+        self.L = self.w.num_layers
+        self.Wp = self.w.work_prefix
+        self.costs: dict = {}
+        self.groups_cache: dict = {}
+        self.terms_cache: dict = {}
+
+    def groups(self, r: tuple[int, ...]) -> list[tuple[tuple[int, ...], float, int]]:
+        """Non-empty count vectors g <= r with their speed and size, at most m devices."""
+        if r not in self.groups_cache:
+            out = []
+            for g in itertools.product(*(range(x + 1) for x in r)) if self.exact else _prefix_runs(r):
+                n = sum(g)
+                if 0 < n <= self.m:
+                    out.append((g, sum(c * s for c, s in zip(g, self.speed)), n))
+            self.groups_cache[r] = out
+        return self.groups_cache[r]
+
+    def terms(self, k: int, i: int, j: int, in_flight: int):
+        key = (k, i, j, in_flight)
+        if key not in self.terms_cache:
+            self.terms_cache[key] = stage_terms(self.w, self.cluster, self.classes[k][0], i, j, in_flight)
+        return self.terms_cache[key]
+
+    def stage_cost(self, i: int, j: int, g: tuple[int, ...], in_flight: int):
+        """(time, all-reduce, shares per class) of layers [i, j) on group g, or None if it cannot fit."""
+        key = (i, j, g, in_flight)
+        if key not in self.costs:
+            ks = [k for k, c in enumerate(g) if c]
+            terms = [self.terms(k, i, j, in_flight) for k in ks]
+            res = allocate(terms, [g[k] for k in ks], self.m)
+            if res is None:
+                self.costs[key] = None
+            else:
+                ar = allreduce_s(self.w, self.cluster, i, j, sum(g))
+                self.costs[key] = (res[0], ar, dict(zip(ks, res[1])))
+        return self.costs[key]
+
+    def run(self, cap: float) -> tuple[float, list] | None:
+        """Best plan with iteration time <= M * cap: (time, [(i, j, g, shares)]) or None."""
+        M, m, L, Wp = self.M, self.m, self.L, self.Wp
+        bound = M * cap * SLACK
+        limit = cap * SLACK
+        memo: dict = {}
+
+        def suffix(i: int, r: tuple[int, ...], k: int) -> list:
+            key = (i, r, k)
+            if key in memo:
+                return memo[key]
+            entries = []
+            in_flight = min(k, M)
+            for g, sg, ng in self.groups(r):
+                rest = tuple(a - b for a, b in zip(r, g))
+                if k == 1:
+                    lo = hi = L
+                    if (Wp[L] - Wp[i]) * m > limit * sg:
+                        continue
+                else:
+                    if sum(rest) < k - 1:
+                        continue
+                    sr = sum(c * s for c, s in zip(rest, self.speed))
+                    hi = min(bisect_right(Wp, Wp[i] + limit * sg / m) - 1, L - k + 1)
+                    lo = max(bisect_left(Wp, Wp[L] - limit * sr / m), i + 1)
+                for j in range(lo, hi + 1):
+                    cost = self.stage_cost(i, j, g, in_flight)
+                    if cost is None or cost[0] > limit:
+                        continue
+                    u, ar = cost[0], cost[1]
+                    if k == 1:
+                        if M * u + ar <= bound:
+                            entries.append((u, u, ar, j, g, -1))
+                        continue
+                    for idx, (U2, S2, A2, *_rest) in enumerate(suffix(j, rest, k - 1)):
+                        U, S, A = max(u, U2), u + S2, max(ar, A2)
+                        if (M - 1) * U + S + A <= bound:
+                            entries.append((U, S, A, j, g, idx))
+            memo[key] = front = _pareto(entries, M)
+            return front
+
+        full = tuple(len(c) for c in self.classes)
+        best = None
+        for k in range(1, min(sum(full), L) + 1):
+            for idx, (U, S, A, *_rest) in enumerate(suffix(0, full, k)):
+                t = S + (M - 1) * U + A
+                if best is None or t < best[0]:
+                    best = (t, k, idx)
+        if best is None:
+            return None
+        t, k, idx = best
+        stages, i, r = [], 0, full
+        while True:
+            _U, _S, _A, j, g, nxt = memo[(i, r, k)][idx]
+            stages.append((i, j, g, self.stage_cost(i, j, g, min(k, M))[2]))
+            if nxt < 0:
+                return t, stages
+            i, r, k, idx = j, tuple(a - b for a, b in zip(r, g)), k - 1, nxt
+
+    def lower_bound(self) -> float:
+        """No stage can beat the whole cluster working in perfect proportion."""
+        return (self.Wp[self.L] - self.Wp[0]) * self.m / sum(len(c) * s for c, s in zip(self.classes, self.speed))
+
+
+def _prefix_runs(r: tuple[int, ...]):
+    """The first t remaining devices in memory order, for every t (the published Asteroid space)."""
+    g = [0] * len(r)
+    for k, x in enumerate(r):
+        for _ in range(x):
+            g[k] += 1
+            yield tuple(g)
+
+
+def search_size(cluster) -> int:
+    """Number of (remaining devices, stage group) pairs the exact search visits per layer pair."""
+    return math.prod((n + 1) * (n + 2) // 2 for n in map(len, device_classes(cluster)))
+
+
+def _pareto(entries: list, M: int) -> list:
+    """Entries no other entry beats for every way of finishing the plan.
+
+    Finishing adds stages with time x and all-reduce y to both: the objective (M - 1) max(U, x) + S +
+    max(A, y) of e1 never exceeds e2's iff S1 + (M - 1)(U1 - U2)+ + (A1 - A2)+ <= S2. A dominating
+    entry has the smaller partial objective, so scanning in that order only checks kept entries.
+    """
+    entries.sort(key=lambda e: (M - 1) * e[0] + e[1] + e[2])
+    kept: list = []
+    for e in entries:
+        U, S, A = e[0], e[1], e[2]
+        for k in kept:
+            du, da = k[0] - U, k[2] - A
+            if k[1] + (M - 1) * (du if du > 0 else 0.0) + (da if da > 0 else 0.0) <= S:
+                break
+        else:
+            kept.append(e)
+    return kept
+
+
+def _to_stages(search: _Search, layout: list) -> list[Stage]:
+    """Name the devices: class members in name order, each stage taking the next ones."""
+    pools = [list(c) for c in search.classes]
+    stages = []
+    for i, j, g, shares in layout:
+        devs = []
+        for k, count in enumerate(g):
+            for n in shares.get(k, [])[:count]:
+                devs.append(Share(pools[k].pop(0).name, n))
+        stages.append(Stage(i, j, tuple(devs)))
+    return stages
+
+
+def plan(problem: Problem) -> Plan:
+    """The fastest plan under the cost model that fits every device's memory."""
+    exact = search_size(problem.cluster) <= EXACT_LIMIT
+    searches = [_Search(problem, M, exact) for M in problem.micro_batch_options]
+    # Every plan needs T >= total work / total speed (the whole cluster in perfect proportion), whatever
+    # M is. Search every M for plans with T <= bound, loosening the bound until one appears: the best
+    # plan found in that round is optimal, as every better plan was inside the bound too.
+    bound = min(s.lower_bound() * s.M for s in searches)
+    while True:
+        found = [(r[0], s, r[1]) for s in searches if (r := s.run(bound / s.M))]
+        if found:
+            _t, search, layout = min(found, key=lambda f: f[0])
+            return finish(problem, "asteroid", search.M, _to_stages(search, layout))
+        if math.isinf(bound):
+            raise NoFeasiblePlan(
+                f"model {problem.workload.model!r} at batch size {problem.batch_size} does not fit in the memory "
+                f"of cluster {problem.cluster.name!r}"
+            )
+        bound = bound * GROWTH if bound < 1e3 * searches[0].lower_bound() * searches[0].M else math.inf

@@ -1,0 +1,65 @@
+"""What every planner shares: the problem, micro-batch options, device classes, and picking the best plan."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from engine.costmodel import Workload, score
+from engine.devices import Cluster, Device
+from engine.errors import UserError
+from engine.plan import Plan, Stage
+
+# More micro-batches shrink the bubble but cost per-layer overhead; 64 covers every useful split here.
+MAX_MICRO_BATCHES = 64
+
+
+class NoFeasiblePlan(UserError):
+    """No plan of this method fits the cluster's memory."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Plan `workload` for `cluster` at one global batch size."""
+
+    workload: Workload
+    cluster: Cluster
+    batch_size: int
+    max_micro_batches: int = MAX_MICRO_BATCHES
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise UserError(f"batch size must be a positive integer, got {self.batch_size}")
+
+    @property
+    def micro_batch_options(self) -> list[int]:
+        """Micro-batch counts that divide the batch evenly (every micro-batch the same size)."""
+        return [m for m in range(1, min(self.batch_size, self.max_micro_batches) + 1) if self.batch_size % m == 0]
+
+
+def device_classes(cluster: Cluster) -> list[list[Device]]:
+    """Interchangeable devices grouped together; classes by memory, then speed, largest first (Asteroid's order)."""
+    groups: dict[tuple, list[Device]] = {}
+    for d in cluster.devices:
+        groups.setdefault(d.spec, []).append(d)
+    ordered = sorted(groups.values(), key=lambda ds: (-ds[0].memory_bytes, -ds[0].flops_per_s, ds[0].name))
+    return [sorted(ds, key=lambda d: d.name) for ds in ordered]
+
+
+def memory_order(cluster: Cluster) -> list[Device]:
+    """All devices, most memory first, then fastest (earlier 1F1B stages hold more activations)."""
+    return [d for cls in device_classes(cluster) for d in cls]
+
+
+def finish(problem: Problem, method: str, micro_batches: int, stages: list[Stage]) -> Plan:
+    """A plan with its prediction from the cost model."""
+    plan = Plan(method, problem.workload.model, problem.batch_size, micro_batches, tuple(stages), problem.cluster)
+    return plan.with_prediction(score(plan, problem.workload))
+
+
+def best_plan(plans: Iterable[Plan | None]) -> Plan | None:
+    """Fastest plan that fits; if none fits, the fastest of the rest (reported as not fitting)."""
+    found = [p for p in plans if p is not None]
+    if not found:
+        return None
+    return min(found, key=lambda p: (not p.predicted.fits, p.predicted.iteration_s))

@@ -1,0 +1,125 @@
+"""Human-readable tables for plans, method comparisons and simulations."""
+
+from __future__ import annotations
+
+from engine.devices import GIB, SHORT
+from engine.plan import Plan
+from engine.simulator import Simulation
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows)])
+
+
+def gib(n: float) -> str:
+    return f"{n / GIB:.2f}"
+
+
+def shape(plan: Plan) -> str:
+    """e.g. '3 stages: 1+2+3 devices'."""
+    sizes = "+".join(str(len(st.devices)) for st in plan.stages)
+    return f"{len(plan.stages)} stage{'s' * (len(plan.stages) != 1)}: {sizes} device{'s' * (sizes != '1')}"
+
+
+def plan_table(plan: Plan) -> str:
+    """The stages, their layers and devices with shares and memory, and the prediction."""
+    p = plan.predicted
+    cluster = plan.cluster
+    head = (
+        f"{plan.method} plan for {plan.model} on cluster {cluster.name} "
+        f"({len(cluster.devices)} devices, {cluster.bandwidth_mbps:g} Mbps): batch {plan.batch_size} = "
+        f"{plan.micro_batches} micro-batch{'es' * (plan.micro_batches != 1)} of {plan.micro_batch_size}"
+    )
+    rows = []
+    for k, st in enumerate(plan.stages):
+        for n, share in enumerate(st.devices):
+            dev = cluster.device(share.name)
+            used = p.memory_bytes[share.name] if p else 0
+            mark = "" if used <= dev.memory_bytes else "  OVER"
+            rows.append(
+                [
+                    str(k) if n == 0 else "",
+                    f"[{st.start}, {st.end})" if n == 0 else "",
+                    share.name,
+                    SHORT.get(dev.kind, dev.kind),
+                    str(share.samples),
+                    f"{gib(used)} / {gib(dev.memory_bytes)}{mark}",
+                ]
+            )
+    idle = [d.name for d in cluster.devices if d.name not in set(plan.device_names)]
+    out = [head, "", _table(["stage", "layers", "device", "kind", "samples", "memory GiB used / avail"], rows)]
+    if idle:
+        out.append(f"idle (not worth their communication): {', '.join(idle)}")
+    if p:
+        out += [
+            "",
+            f"predicted: {p.throughput:.1f} samples/s, iteration {p.iteration_s:.3f} s, "
+            f"bubble {100 * p.bubble_fraction:.1f}%, {'fits in memory' if p.fits else 'DOES NOT FIT in memory'}",
+        ]
+    return "\n".join(out)
+
+
+def comparison_table(results: dict[str, Plan | str], ideal: float) -> str:
+    """One row per method: shape, micro-batches, iteration, throughput, Asteroid's speedup over it."""
+    ours = results.get("asteroid")
+    base = ours.predicted.throughput if isinstance(ours, Plan) else None
+    rows = []
+    for method, r in results.items():
+        if isinstance(r, str):
+            rows.append([method, r, "", "", "", "", ""])
+            continue
+        p = r.predicted
+        speedup = f"{base / p.throughput:.2f}x" if base and p.fits else ""
+        rows.append(
+            [
+                method,
+                shape(r),
+                str(r.micro_batches),
+                f"{p.iteration_s:.3f}",
+                f"{p.throughput:.1f}" + ("" if p.fits else " (does not fit)"),
+                f"{100 * p.throughput / ideal:.0f}%",
+                speedup,
+            ]
+        )
+    header = ["method", "plan", "micro-batches", "iteration s", "samples/s", "of ideal", "asteroid speedup"]
+    return _table(header, rows) + f"\nideal (every device alone, no communication): {ideal:.1f} samples/s"
+
+
+def simulation_table(plan: Plan, sim: Simulation) -> str:
+    """Per device: busy time by kind; then the totals."""
+    busy: dict[str, dict[str, float]] = {}
+    for e in sim.events:
+        busy.setdefault(e.device, {}).setdefault(e.kind, 0.0)
+        busy[e.device][e.kind] += e.end - e.start
+    rows = []
+    for k, st in enumerate(plan.stages):
+        for share in st.devices:
+            b = busy.get(share.name, {})
+            total = sum(b.values())
+            rows.append(
+                [
+                    str(k),
+                    share.name,
+                    f"{b.get('F', 0):.3f}",
+                    f"{b.get('B', 0):.3f}",
+                    f"{b.get('send', 0):.3f}",
+                    f"{b.get('all-reduce', 0):.3f}",
+                    f"{100 * (1 - total / sim.iteration_s):.0f}%",
+                    f"{gib(sim.memory_bytes[share.name])} / {gib(plan.cluster.device(share.name).memory_bytes)}",
+                ]
+            )
+    header = ["stage", "device", "F s", "B s", "send s", "all-reduce s", "idle", "memory GiB"]
+    return "\n".join(
+        [
+            f"simulated 1F1B iteration of the {plan.method} plan for {plan.model} "
+            f"({plan.micro_batches} micro-batches of {plan.micro_batch_size})",
+            "",
+            _table(header, rows),
+            "",
+            f"simulated: iteration {sim.iteration_s:.3f} s, {sim.throughput:.1f} samples/s, "
+            f"bubble {100 * sim.bubble_fraction:.1f}%; cost model closed form {sim.predicted_iteration_s:.3f} s; "
+            f"{'fits in memory' if sim.fits else 'DOES NOT FIT in memory'}",
+        ]
+    )

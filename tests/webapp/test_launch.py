@@ -1,0 +1,132 @@
+"""The launcher behind `make run`: one-line errors, the admin account, and a full start/serve/stop cycle."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from webapp.embedded_redis import free_port
+from webapp.launch import ensure_admin
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def launcher_env(tmp_path, **extra):
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "ASTEROID_ADMIN_PASSWORD")}
+    return {**env, "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}", "ASTEROID_PORT": str(free_port()), **extra}
+
+
+def children_of(pid: int) -> list[int]:
+    """Direct children of `pid`, from /proc."""
+    found = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines() if ":\t" in line)
+        except OSError:
+            continue
+        if fields.get("PPid", "").strip() == str(pid):
+            found.append(int(status.parent.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ({"DATABASE_URL": "postgres://u@h:port/db"}, "error: DATABASE_URL='postgres://u@h:port/db' is malformed"),
+        ({"ASTEROID_PORT": "80000"}, "error: ASTEROID_PORT='80000' is not a TCP port (1-65535)"),
+        ({"DJANGO_DEBUG": "sometimes"}, "error: DJANGO_DEBUG='sometimes' is not a boolean"),
+    ],
+)
+def test_bad_setting_is_one_line_and_nonzero(tmp_path, extra, message):
+    out = subprocess.run(
+        [sys.executable, "-m", "webapp.launch"],
+        cwd=ROOT,
+        env=launcher_env(tmp_path, **extra),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 1
+    assert out.stderr.startswith(message)
+    assert len(out.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in out.stdout + out.stderr
+
+
+def test_ensure_admin_creates_once_and_never_resets(db, monkeypatch):
+    monkeypatch.setenv("ASTEROID_ADMIN_PASSWORD", "first-password-123")
+    assert ensure_admin() == "first-password-123"
+    admin = get_user_model().objects.get(username="admin")
+    assert admin.is_superuser and admin.is_staff and admin.check_password("first-password-123")
+
+    monkeypatch.setenv("ASTEROID_ADMIN_PASSWORD", "second-password-456")
+    assert ensure_admin() is None
+    admin.refresh_from_db()
+    assert admin.check_password("first-password-123")
+
+
+def test_generated_admin_password(db, monkeypatch):
+    monkeypatch.delenv("ASTEROID_ADMIN_PASSWORD", raising=False)
+    password = ensure_admin()
+    assert len(password) >= 16
+    assert get_user_model().objects.get(username="admin").check_password(password)
+
+
+def test_serves_then_stops_everything_on_sigterm(tmp_path):
+    env = launcher_env(tmp_path)
+    port = env["ASTEROID_PORT"]
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "webapp.launch"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        lines = []
+        deadline = time.monotonic() + 60
+        for line in launcher.stdout:  # the launcher prints the URL once daphne accepts connections
+            lines.append(line)
+            if "Press Ctrl-C to stop." in line or time.monotonic() > deadline:
+                break
+        output = "".join(lines)
+        assert f"Asteroid is running at http://127.0.0.1:{port}/" in output, output
+        password = re.search(r"log in as admin / (\S+)", output).group(1)
+        assert re.search(r"Redis: redis://127\.0\.0\.1:\d+/0 \(embedded", output)
+
+        children = children_of(launcher.pid)
+        assert len(children) == 3, output  # redis-server, celery worker, daphne
+
+        class NoRedirect(urllib.request.HTTPRedirectHandler):
+            def redirect_request(self, *args):
+                return None
+
+        with pytest.raises(urllib.error.HTTPError) as redirect:
+            urllib.request.build_opener(NoRedirect).open(f"http://127.0.0.1:{port}/", timeout=10)
+        assert redirect.value.code == 302
+        assert redirect.value.headers["Location"] == "/accounts/login/?next=/"
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/accounts/login/", timeout=10) as page:
+            assert b'name="password"' in page.read()
+        assert len(password) >= 16
+    finally:
+        launcher.send_signal(signal.SIGTERM)
+        rest, _ = launcher.communicate(timeout=60)
+    assert launcher.returncode == 0, rest
+    assert "SIGTERM: stopping" in rest
+    assert [pid for pid in children if alive(pid)] == []

@@ -1,0 +1,1 @@
+"""Schema migrations for webapp.devices."""

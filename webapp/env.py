@@ -1,0 +1,126 @@
+"""Typed readers for settings from the environment: each bad value raises ImproperlyConfigured with one clear line."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+TRUE = {"1", "true", "yes", "on"}
+FALSE = {"0", "false", "no", "off"}
+
+
+def env_str(name: str, default: str = "") -> str:
+    """The variable's value stripped of surrounding spaces, or `default` when unset or empty."""
+    value = os.environ.get(name, "").strip()
+    return value or default
+
+
+def env_bool(name: str, default: bool) -> bool:
+    """A boolean written as 1/0, true/false, yes/no or on/off (any case)."""
+    value = env_str(name).lower()
+    if not value:
+        return default
+    if value in TRUE:
+        return True
+    if value in FALSE:
+        return False
+    raise ImproperlyConfigured(f"{name}={value!r} is not a boolean; use 1 or 0 (also true/false, yes/no, on/off)")
+
+
+def env_int(name: str, default: int, minimum: int = 0) -> int:
+    """A whole number of at least `minimum`."""
+    value = env_str(name)
+    if not value:
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={value!r} is not a whole number") from None
+    if number < minimum:
+        raise ImproperlyConfigured(f"{name}={number} must be at least {minimum}")
+    return number
+
+
+def env_list(name: str, default: list[str]) -> list[str]:
+    """A comma-separated list; blank items are dropped."""
+    value = env_str(name)
+    if not value:
+        return list(default)
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def redact(url: str) -> str:
+    """The URL with its password replaced by ***, safe to print in an error."""
+    try:
+        parts = urlsplit(url)
+        if parts.password is None:
+            return url
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+        return urlunsplit(parts._replace(netloc=netloc))
+    except ValueError:
+        return "<unparseable URL>"
+
+
+def database_config(url: str, name: str = "DATABASE_URL") -> dict:
+    """Django's DATABASES['default'] for a database URL such as sqlite:///var/db.sqlite3 or postgres://u@host/db."""
+    hint = "use sqlite:///PATH or postgres://USER:PASSWORD@HOST:PORT/NAME"
+    if "://" not in url:
+        raise ImproperlyConfigured(f"{name}={redact(url)!r} is not a database URL; {hint}")
+    try:
+        config = dj_database_url.parse(url, conn_max_age=60, conn_health_checks=True)
+    except dj_database_url.UnknownSchemeError:
+        scheme = url.split("://", 1)[0]
+        raise ImproperlyConfigured(f"{name}={redact(url)!r} has unknown scheme {scheme!r}; {hint}") from None
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={redact(url)!r} is malformed (check port and quoting); {hint}") from None
+    if not config.get("NAME"):
+        raise ImproperlyConfigured(f"{name}={redact(url)!r} names no database; {hint}")
+    return config
+
+
+def redis_url(name: str = "REDIS_URL") -> str:
+    """A redis:// (or rediss://, unix://) URL, or "" when unset (the launcher then starts an embedded Redis)."""
+    url = env_str(name)
+    if not url:
+        return ""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={redact(url)!r} is malformed (check the port)") from None
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        raise ImproperlyConfigured(f"{name}={redact(url)!r} must start with redis://, rediss:// or unix://")
+    if parts.scheme != "unix" and not parts.hostname:
+        raise ImproperlyConfigured(f"{name}={redact(url)!r} names no host; e.g. redis://127.0.0.1:6379/0")
+    return url
+
+
+def secret_key(debug: bool, path: Path, name: str = "DJANGO_SECRET_KEY") -> str:
+    """The secret key: required from the environment in production; in development generated once into `path`."""
+    value = env_str(name)
+    if value:
+        return value
+    if not debug:
+        raise ImproperlyConfigured(f"{name} must be set when DJANGO_DEBUG=0 (e.g. a 50-character random string)")
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_urlsafe(50) + "\n")
+    try:
+        # link() fails if the key exists: two processes starting at once agree on the first complete key.
+        os.link(tmp, path)
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink()
+    return path.read_text().strip()

@@ -1,0 +1,165 @@
+"""Start the whole site on one machine: `python -m webapp.launch` (what `make run` does).
+
+Starts an embedded Redis unless REDIS_URL is set, applies migrations, makes sure an `admin` account exists,
+then runs daphne (webapp.asgi) and a Celery worker until Ctrl-C or SIGTERM, and stops everything it started.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from django.core.exceptions import ImproperlyConfigured
+
+from webapp.children import spawn, stop
+from webapp.embedded_redis import EmbeddedRedis, RedisStartError
+
+HOST = "127.0.0.1"
+ADMIN = "admin"
+
+
+class LaunchError(Exception):
+    """A problem the user can fix (bad setting, busy port): printed as one line."""
+
+
+class Stop(Exception):
+    """Raised by the signal handler to unwind the supervision loop."""
+
+
+def _on_signal(signum, frame):
+    raise Stop(signal.Signals(signum).name)
+
+
+def port_from_env() -> int:
+    value = os.environ.get("ASTEROID_PORT", "").strip() or "8000"
+    if not value.isdigit() or not 0 < int(value) < 65536:
+        raise LaunchError(f"ASTEROID_PORT={value!r} is not a TCP port (1-65535)")
+    return int(value)
+
+
+def check_port_free(port: int) -> None:
+    with socket.socket() as s:
+        try:
+            s.bind((HOST, port))
+        except OSError:
+            raise LaunchError(f"port {port} on {HOST} is in use; stop what uses it or set ASTEROID_PORT") from None
+
+
+def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 30.0) -> None:
+    """Return once something accepts connections on `port`; fail if `proc` exits first."""
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None:
+        try:
+            socket.create_connection((HOST, port), timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise LaunchError(f"daphne did not start listening on port {port} within {timeout:.0f} s") from None
+            time.sleep(0.1)  # poll interval while daphne imports Django and binds
+    raise LaunchError(f"daphne exited with code {proc.returncode} before serving; see its output above")
+
+
+def setup_django() -> None:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
+    import django
+
+    django.setup()
+
+
+def migrate() -> None:
+    from django.core.management import call_command
+    from django.db.utils import OperationalError
+
+    try:
+        call_command("migrate", interactive=False, verbosity=1)
+    except OperationalError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise LaunchError(f"cannot use the database: {first}") from None
+
+
+def ensure_admin() -> str | None:
+    """Create the `admin` superuser if missing; returns the password when it was just set, else None."""
+    from django.contrib.auth import get_user_model
+
+    users = get_user_model()
+    if users.objects.filter(username=ADMIN).exists():
+        return None
+    password = os.environ.get("ASTEROID_ADMIN_PASSWORD") or secrets.token_urlsafe(12)
+    users.objects.create_superuser(ADMIN, email="", password=password)
+    return password
+
+
+def serve(port: int, redis_url: str, redis_note: str, admin_password: str | None) -> int:
+    """Run daphne and a Celery worker until a signal or until one of them dies; returns the exit code."""
+    env = {**os.environ, "REDIS_URL": redis_url}
+    python = sys.executable
+    procs: dict[str, subprocess.Popen] = {}
+    try:
+        # -W: Celery warns at length when run as root (containers, lab boards); it only matters with pickle,
+        # and this app accepts JSON only. (A category filter cannot name celery's class before it is imported.)
+        quiet_root = "ignore:You're running the worker with superuser privileges"
+        worker = ["-W", quiet_root, "-m", "celery", "-A", "webapp", "--quiet"]
+        procs["celery worker"] = spawn([python, *worker, "worker", "--loglevel=WARNING", "--concurrency=2"], env=env)
+        procs["daphne"] = spawn(
+            [python, "-m", "daphne", "-b", HOST, "-p", str(port), "webapp.asgi:application"], env=env
+        )
+        wait_for_port(port, procs["daphne"])
+        print(f"\nAsteroid is running at http://{HOST}:{port}/", flush=True)
+        if admin_password:
+            shown = "(from ASTEROID_ADMIN_PASSWORD)" if os.environ.get("ASTEROID_ADMIN_PASSWORD") else admin_password
+            print(f"  log in as {ADMIN} / {shown}   (new account; this password is not shown again)")
+        else:
+            print(f"  log in as {ADMIN}: the account exists, its password is unchanged")
+        print(f"  Redis: {redis_url} ({redis_note})")
+        print("  Press Ctrl-C to stop.\n", flush=True)
+        while True:
+            for name, proc in procs.items():
+                if proc.poll() is not None:
+                    raise LaunchError(f"{name} exited with code {proc.returncode}; stopping")
+            time.sleep(0.5)  # supervision interval: how soon a crashed child is noticed
+    except Stop as sig:
+        print(f"\n{sig}: stopping ...", flush=True)
+        return 0
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the shutdown short
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        for proc in reversed(procs.values()):
+            stop(proc)
+
+
+def main() -> int:
+    signal.signal(signal.SIGINT, _on_signal)
+    signal.signal(signal.SIGTERM, _on_signal)
+    redis = None
+    try:
+        port = port_from_env()
+        check_port_free(port)
+        setup_django()  # reads every setting: a bad one fails here, before anything starts
+        from django.conf import settings
+
+        redis_url, redis_note = settings.REDIS_URL, "from REDIS_URL"
+        if not redis_url:
+            redis = EmbeddedRedis(settings.VAR_DIR / "redis")
+            redis_url, redis_note = redis.start(), "embedded, stops with this launcher"
+        migrate()
+        password = ensure_admin()
+        return serve(port, redis_url, redis_note, password)
+    except (LaunchError, ImproperlyConfigured, RedisStartError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except Stop:
+        return 0
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if redis is not None:
+            redis.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
