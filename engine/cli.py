@@ -1,9 +1,9 @@
 """Command line: `python -m engine plan | simulate | bench | models` (contracts in DESIGN.md).
 
-    python -m engine plan --model mobilenetv2 --cluster C --batch-size 128 --method all
-    python -m engine plan --model resnet50 --cluster my-lab.json --batch-size 64 --json > plan.json
-    python -m engine simulate --plan plan.json --trace trace.json
-    python -m engine bench planner
+python -m engine plan --model mobilenetv2 --cluster C --batch-size 128 --method all
+python -m engine plan --model resnet50 --cluster my-lab.json --batch-size 64 --json > plan.json
+python -m engine simulate --plan plan.json --trace trace.json
+python -m engine bench planner
 """
 
 from __future__ import annotations
@@ -98,7 +98,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     w = workload(args.model, refresh=args.refresh_profile, optimizer=args.optimizer)
     problem = Problem(w, cluster, args.batch_size)
     if args.method != "all":
-        plan = make_plan(args.method, problem)
+        try:
+            plan = make_plan(args.method, problem)
+        except NoFeasiblePlan:
+            raise UserError(infeasible_message(problem, args.method)) from None
         if not plan.predicted.fits:
             raise UserError(infeasible_message(problem, args.method))
         print(json.dumps(plan.to_dict(), indent=2) if args.json else plan_table(plan))

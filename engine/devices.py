@@ -91,7 +91,7 @@ class Device:
     def to_dict(self) -> dict:
         if self.kind in KINDS:
             return {"name": self.name, "kind": self.kind}
-        return {"name": self.name, "memory_gb": self.memory_gb, "gflops": self.gflops}
+        return {"name": self.name, "memory_gb": self.memory_gb, "gflops": self.gflops, "reserved_gb": self.reserved_gb}
 
 
 @dataclass(frozen=True)
@@ -154,7 +154,7 @@ class Cluster:
         for i, d in enumerate(devices_doc):
             where = f"cluster file: devices[{i}]"
             if not isinstance(d, dict):
-                raise UserError(f"{where} must be an object like {{\"name\": \"nano-0\", \"kind\": \"jetson-nano\"}}")
+                raise UserError(f'{where} must be an object like {{"name": "nano-0", "kind": "jetson-nano"}}')
             dev_name = d.get("name")
             if not isinstance(dev_name, str) or not dev_name:
                 raise UserError(f"{where}.name must be a non-empty string")
@@ -173,7 +173,11 @@ class Cluster:
                     raise UserError(f"{where}.{key} must be a non-negative number, got {v!r}")
                 values[key] = float(v)
             kind = base.key if base else "custom"
-            if base and (values["memory_gb"], values["gflops"]) != (base.memory_gb, base.gflops):
+            if base and (values["memory_gb"], values["gflops"], values["reserved_gb"]) != (
+                base.memory_gb,
+                base.gflops,
+                base.reserved_gb,
+            ):
                 kind = "custom"
             devices.append(Device(dev_name, kind, values["memory_gb"], values["gflops"], values["reserved_gb"]))
         extra = {}

@@ -154,7 +154,7 @@ class Plan:
             shares = []
             for d, dev in enumerate(devs):
                 if not (isinstance(dev, dict) and isinstance(dev.get("name"), str) and type(dev.get("samples")) is int):
-                    raise UserError(f"plan: stages[{k}].devices[{d}] must be {{\"name\": str, \"samples\": int}}")
+                    raise UserError(f'plan: stages[{k}].devices[{d}] must be {{"name": str, "samples": int}}')
                 shares.append(Share(dev["name"], dev["samples"]))
             stages.append(Stage(layers[0], layers[1], tuple(shares)))
         batch_size = need("batch_size", int)

@@ -95,7 +95,7 @@ class ModelProfile:
 
 
 def host_id() -> str:
-    """This host as a filename-safe id: CPU model, torch threads and torch version."""
+    """This host as a filename-safe id: CPU model and torch version (profiles run on one thread)."""
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -104,7 +104,7 @@ def host_id() -> str:
                 break
     except OSError:
         pass
-    raw = f"host-{cpu.strip()}-{torch.get_num_threads()}threads-torch{torch.__version__}"
+    raw = f"host-{cpu.strip()}-1thread-torch{torch.__version__}"
     return re.sub(r"[^A-Za-z0-9._-]+", "-", raw).strip("-")
 
 
@@ -206,7 +206,18 @@ def profile_model(spec: ModelSpec, micro_batch: int = 8, repeats: int = 5, warmu
                         f"got {micro_batch}, {repeats}, {warmup}")
     if optimizer not in OPTIMIZER_STATES:
         raise UserError(f"unknown optimizer {optimizer!r}; known optimizers: {', '.join(OPTIMIZER_STATES)}")
-    # A fixed seed makes profiles repeatable without disturbing the caller's RNG.
+    # A fixed seed makes profiles repeatable without disturbing the caller's RNG. One thread: on a small
+    # shared host, two threads contending with other processes make timings swing by an order of magnitude.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _profile(spec, micro_batch, repeats, warmup, optimizer, progress)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _profile(spec: ModelSpec, micro_batch: int, repeats: int, warmup: int, optimizer: str,
+             progress: bool) -> ModelProfile:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         layers = spec.layers()

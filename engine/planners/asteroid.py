@@ -24,13 +24,15 @@ from bisect import bisect_left, bisect_right
 
 from engine.costmodel import allocate, allreduce_s, stage_terms
 from engine.plan import Plan, Share, Stage
+from engine.planners import baselines
 from engine.planners.common import NoFeasiblePlan, Problem, device_classes, finish
 
 SLACK = 1 + 1e-9  # float headroom on bounds, so a plan exactly at the cap is never cut
 # Past this many (remaining, group) pairs the exact search is too slow; groups are then contiguous runs
 # of the memory order, as in the published planner (still every layer range, stage count and share).
-EXACT_LIMIT = 5000
-GROWTH = 1.05  # how much the iteration-time bound loosens per round
+EXACT_LIMIT = 200
+GROWTH = 1.3  # without an upper bound, how much the iteration-time bound loosens per round
+CLOSE = 0.05  # bisect until the bounds are this close, then search up to the upper bound
 
 
 class _Search:
@@ -94,7 +96,7 @@ class _Search:
                 return memo[key]
             entries = []
             in_flight = min(k, M)
-            for g, sg, ng in self.groups(r):
+            for g, sg, _n in self.groups(r):
                 rest = tuple(a - b for a, b in zip(r, g))
                 if k == 1:
                     lo = hi = L
@@ -196,18 +198,39 @@ def plan(problem: Problem) -> Plan:
     """The fastest plan under the cost model that fits every device's memory."""
     exact = search_size(problem.cluster) <= EXACT_LIMIT
     searches = [_Search(problem, M, exact) for M in problem.micro_batch_options]
-    # Every plan needs T >= total work / total speed (the whole cluster in perfect proportion), whatever
-    # M is. Search every M for plans with T <= bound, loosening the bound until one appears: the best
-    # plan found in that round is optimal, as every better plan was inside the bound too.
-    bound = min(s.lower_bound() * s.M for s in searches)
+    # A round searches every M for plans with T <= bound; the best plan of the first round that finds
+    # any is optimal, as every better plan was inside the bound too. Total work over total speed bounds
+    # T from below; data parallelism, when it fits, from above. Bisect (geometrically) between them,
+    # so the finding round is never far above the optimum (a loose bound makes a round slow).
+    floor = lo = min(s.lower_bound() * s.M for s in searches)
+    hi = _data_parallel_time(problem)
     while True:
-        found = [(r[0], s, r[1]) for s in searches if (r := s.run(bound / s.M))]
-        if found:
-            _t, search, layout = min(found, key=lambda f: f[0])
+        if math.isinf(hi):
+            bound = lo * GROWTH if lo < 1e3 * floor else math.inf  # far above the floor: search everything
+        elif hi / lo <= 1 + CLOSE:
+            bound = hi
+        else:
+            bound = math.sqrt(lo * hi)
+        best = None
+        for search in searches:
+            found = search.run((best[0] if best else bound) / search.M)
+            if found and (best is None or found[0] < best[0]):
+                best = (found[0], search, found[1])
+        if best:
+            _t, search, layout = best
             return finish(problem, "asteroid", search.M, _to_stages(search, layout))
-        if math.isinf(bound):
+        if bound >= hi:
             raise NoFeasiblePlan(
                 f"model {problem.workload.model!r} at batch size {problem.batch_size} does not fit in the memory "
                 f"of cluster {problem.cluster.name!r}"
             )
-        bound = bound * GROWTH if bound < 1e3 * searches[0].lower_bound() * searches[0].M else math.inf
+        lo = bound
+
+
+def _data_parallel_time(problem: Problem) -> float:
+    """Iteration time of the best data-parallel plan that fits (it is inside Asteroid's space), else inf."""
+    try:
+        dp_plan = baselines.dp(problem)
+    except NoFeasiblePlan:
+        return math.inf
+    return dp_plan.predicted.iteration_s if dp_plan.predicted.fits else math.inf

@@ -73,7 +73,9 @@ def gpipe(problem: Problem) -> Plan:
     return _over_micro_batches(
         problem,
         "gpipe",
-        lambda M: [Stage(bounds[k], bounds[k + 1], (Share(d.name, problem.batch_size // M),)) for k, d in enumerate(devices)],
+        lambda M: [
+            Stage(bounds[k], bounds[k + 1], (Share(d.name, problem.batch_size // M),)) for k, d in enumerate(devices)
+        ],
     )
 
 

@@ -52,7 +52,7 @@ def test_profile_matches_real_layers(mobilenet_profile):
     p = mobilenet_profile
     layers = spec.layers()
     assert (p.model, p.micro_batch, p.optimizer) == ("mobilenetv2", 2, "sgd")
-    assert p.device.startswith("host-") and "threads-torch" in p.device
+    assert p.device.startswith("host-") and "1thread-torch" in p.device
     assert len(p.layers) == len(layers) == 21
     assert p.input_bytes == 3 * 32 * 32 * 4
     assert p.layers[1].name == "1:InvertedResidual" and p.layers[0].name == "0:Conv2d+BatchNorm2d+ReLU6"

@@ -1,0 +1,201 @@
+"""`python -m engine plan | simulate | models`: JSON schema, human tables, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from engine.cli import main
+from engine.profiler import cached_profile
+from engine.workloads import PROFILE_BATCH
+
+
+@pytest.fixture(scope="module", autouse=True)
+def profile_cache(tmp_path_factory):
+    """A quick (one repeat) real profile of mobilenetv2 in a private cache, used by every command here."""
+    cache = tmp_path_factory.mktemp("profiles")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("ASTEROID_CACHE_DIR", str(cache))
+    cached_profile("mobilenetv2", micro_batch=PROFILE_BATCH, repeats=1, warmup=0)
+    yield cache
+    mp.undo()
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def plan_json(capsys, *extra: str) -> dict:
+    code, out, err = run(
+        capsys, "plan", "--model", "mobilenetv2", "--cluster", "C", "--batch-size", "64", "--json", *extra
+    )
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_plan_json_schema(capsys):
+    doc = plan_json(capsys)
+    assert doc["method"] == "asteroid" and doc["model"] == "mobilenetv2" and doc["batch_size"] == 64
+    assert doc["bandwidth_mbps"] == 1000
+    assert 64 % doc["micro_batches"] == 0
+    micro = 64 // doc["micro_batches"]
+    covered = 0
+    for st in doc["stages"]:
+        assert st["layers"][0] == covered and st["layers"][1] > covered
+        covered = st["layers"][1]
+        assert sum(d["samples"] for d in st["devices"]) == micro
+        assert all(set(d) == {"name", "samples"} for d in st["devices"])
+    pred = doc["predicted"]
+    assert pred["iteration_s"] > 0 and pred["fits"] is True
+    assert pred["throughput"] == pytest.approx(64 / pred["iteration_s"])
+    assert 0 <= pred["bubble_fraction"] < 1
+    assert set(pred["memory_bytes"]) == {d["name"] for st in doc["stages"] for d in st["devices"]}
+    assert {d["name"] for d in doc["cluster"]["devices"]} == {"nx-0", "tx2-0", "tx2-1", "nano-0", "nano-1", "nano-2"}
+
+
+def test_plan_all_asteroid_is_best(capsys):
+    code, out, err = run(
+        capsys, "plan", "--model", "mobilenetv2", "--cluster", "C", "--batch-size", "128", "--method", "all", "--json"
+    )
+    assert code == 0, err
+    doc = json.loads(out)
+    plans = doc["plans"]
+    assert set(plans) == {"asteroid", "dp", "gpipe", "pipedream", "ftpipehd"}
+    ours = plans["asteroid"]["predicted"]["throughput"]
+    for method, p in plans.items():
+        if "predicted" in p and p["predicted"]["fits"]:
+            assert ours >= p["predicted"]["throughput"] * (1 - 1e-9), method
+    assert doc["ideal_throughput"] > ours
+
+
+def test_plan_all_human_table(capsys):
+    code, out, _ = run(
+        capsys, "plan", "--model", "mobilenetv2", "--cluster", "C", "--batch-size", "128", "--method", "all"
+    )
+    assert code == 0
+    for word in ("method", "asteroid", "pipedream", "ftpipehd", "ideal", "stage", "samples", "memory GiB"):
+        assert word in out
+    assert "predicted:" in out
+
+
+def test_bandwidth_override_changes_the_plan_document(capsys):
+    doc = plan_json(capsys, "--bandwidth-mbps", "100")
+    assert doc["bandwidth_mbps"] == 100
+    fast = plan_json(capsys)
+    assert doc["predicted"]["iteration_s"] >= fast["predicted"]["iteration_s"]
+
+
+def test_simulate_json_and_trace(capsys, tmp_path):
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(json.dumps(plan_json(capsys)))
+    trace = tmp_path / "trace.json"
+    code, out, err = run(capsys, "simulate", "--plan", str(plan_file), "--trace", str(trace), "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert {"iteration_s", "throughput", "bubble_fraction", "memory_bytes", "fits"} <= set(doc)
+    assert doc["fits"] is True and doc["iteration_s"] > 0
+    events = json.loads(trace.read_text())["traceEvents"]
+    kinds = {e["cat"] for e in events if e["ph"] == "X"}
+    assert {"F", "B"} <= kinds
+
+
+def test_simulate_scores_a_hand_edited_plan_that_does_not_fit(capsys, tmp_path):
+    doc = plan_json(capsys)
+    # Everything on one Nano: a legal plan that breaks its memory at a big micro-batch.
+    doc["micro_batches"] = 1
+    doc["batch_size"] = 4096
+    doc["stages"] = [{"layers": [0, doc["stages"][-1]["layers"][1]], "devices": [{"name": "nano-0", "samples": 4096}]}]
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(doc))
+    code, out, err = run(capsys, "simulate", "--plan", str(path), "--json")
+    assert code == 0, err
+    assert json.loads(out)["fits"] is False
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["plan", "--model", "alexnet", "--cluster", "C", "--batch-size", "8"], "unknown model 'alexnet'"),
+        (["plan", "--model", "mobilenetv2", "--cluster", "Z", "--batch-size", "8"], "unknown cluster 'Z'"),
+        (
+            ["plan", "--model", "mobilenetv2", "--cluster", "C", "--batch-size", "8", "--method", "nope"],
+            "invalid choice",
+        ),
+        (["simulate", "--plan", "/nonexistent/plan.json"], "does not exist"),
+    ],
+)
+def test_errors_are_one_line(capsys, argv, needle):
+    with pytest.raises(SystemExit) if "--method" in argv else _no_raise():
+        code = main(argv)
+        assert code == 2
+    _out, err = capsys.readouterr()
+    assert needle in err
+    assert len(err.strip().splitlines()) == 1
+    assert "Traceback" not in err
+
+
+class _no_raise:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "many"])
+def test_bad_batch_size(capsys, value):
+    with pytest.raises(SystemExit) as exc:
+        main(["plan", "--model", "mobilenetv2", "--cluster", "C", "--batch-size", value])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--batch-size" in err and len(err.strip().splitlines()) == 1
+
+
+def test_malformed_cluster_file_names_the_field(capsys, tmp_path):
+    path = tmp_path / "lab.json"
+    path.write_text(json.dumps({"devices": [{"name": "x", "gflops": 900}]}))
+    code, _out, err = run(capsys, "plan", "--model", "mobilenetv2", "--cluster", str(path), "--batch-size", "8")
+    assert code == 2
+    assert "devices[0].memory_gb" in err and len(err.strip().splitlines()) == 1
+
+
+def test_model_that_does_not_fit_offers_a_smaller_batch(capsys, tmp_path):
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps({"devices": [{"name": "tiny", "memory_gb": 0.08, "gflops": 100}]}))
+    code, _out, err = run(capsys, "plan", "--model", "mobilenetv2", "--cluster", str(path), "--batch-size", "4096")
+    assert code == 2
+    assert "does not fit" in err and "try --batch-size" in err
+    assert len(err.strip().splitlines()) == 1
+    suggested = int(err.rsplit("--batch-size", 1)[1].split()[0])
+    code, out, err = run(
+        capsys, "plan", "--model", "mobilenetv2", "--cluster", str(path), "--batch-size", str(suggested)
+    )
+    assert code == 0, err
+
+
+def test_bad_plan_file(capsys, tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text("{not json")
+    code, _out, err = run(capsys, "simulate", "--plan", str(path))
+    assert code == 2 and "not valid JSON" in err
+    path.write_text(json.dumps({"method": "asteroid"}))
+    code, _out, err = run(capsys, "simulate", "--plan", str(path))
+    assert code == 2 and "missing field" in err
+
+
+def test_module_entry_point_runs(profile_cache):
+    proc = subprocess.run(
+        [sys.executable, "-m", "engine", "plan", "--model", "nope", "--cluster", "C", "--batch-size", "8"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "error: unknown model 'nope'; known models: " + ", ".join(
+        __import__("engine.models", fromlist=["model_names"]).model_names()
+    )

@@ -1,0 +1,323 @@
+"""Cost model: exact in-stage allocation, the 1F1B closed form, memory with in-flight micro-batches, all-reduce."""
+
+import itertools
+import math
+import random
+
+import pytest
+
+from engine.costmodel import (
+    StageTerms,
+    Workload,
+    allocate,
+    allreduce_s,
+    device_memory,
+    ideal_throughput,
+    iteration_time,
+    score,
+    single_stage,
+    stage_terms,
+)
+from engine.devices import LAYER_OVERHEAD_S, Cluster, Device, load_cluster
+from engine.errors import UserError
+from engine.plan import Plan, Share, Stage
+from tests.engine.instances import layered_workload, random_workload
+
+# ---------------------------------------------------------------- allocation
+
+
+def brute_force(terms: list[StageTerms], counts: list[int], m: int) -> float | None:
+    """Smallest max finish time over every integer split of m (each device >= 1 and <= its cap)."""
+    devices = [t for t, c in zip(terms, counts) for _ in range(c)]
+    if not devices:
+        return None
+    best = None
+    for split in itertools.product(*(range(1, min(t.cap, m) + 1) for t in devices)):
+        if sum(split) != m:
+            continue
+        time = max(t.fixed + n * t.per_sample for t, n in zip(devices, split))
+        best = time if best is None else min(best, time)
+    return best
+
+
+def random_allocation_case(rng: random.Random):
+    k = rng.randint(1, 3)
+    counts = [rng.choice([0, 1, 1, 2, 2, 3]) for _ in range(k)]
+    if not any(counts):
+        counts[0] = 1
+    m = rng.randint(1, 9)
+    terms = []
+    for _ in range(k):
+        cap = rng.choice([0, 1, 2, 3, 4, m, m + 3, 1 << 30])
+        terms.append(StageTerms(rng.uniform(0, 0.05) * rng.choice([0, 1]), rng.uniform(1e-3, 5e-2), cap))
+    return terms, counts, m
+
+
+def test_allocate_matches_brute_force_on_random_cases():
+    rng = random.Random(1234)
+    feasible = infeasible = 0
+    for case in range(200):
+        terms, counts, m = random_allocation_case(rng)
+        expect = brute_force(terms, counts, m)
+        got = allocate(terms, counts, m)
+        if expect is None:
+            assert got is None, (case, terms, counts, m, got)
+            infeasible += 1
+            continue
+        feasible += 1
+        assert got is not None, (case, terms, counts, m)
+        time, shares = got
+        assert math.isclose(time, expect, rel_tol=1e-12), (case, terms, counts, m, time, expect)
+        assert [len(s) for s in shares] == counts
+        assert sum(map(sum, shares)) == m
+        for t, per_class in zip(terms, shares):
+            for n in per_class:
+                assert 1 <= n <= t.cap
+        # The reported time is the time of the reported shares.
+        actual = max(t.fixed + n * t.per_sample for t, per_class in zip(terms, shares) for n in per_class)
+        assert math.isclose(actual, time, rel_tol=1e-12)
+    assert feasible >= 80 and infeasible >= 20  # both branches exercised
+
+
+def test_allocate_proportional_to_speed_without_caps():
+    fast, slow = StageTerms(0.0, 1.0, 1 << 30), StageTerms(0.0, 3.0, 1 << 30)
+    time, shares = allocate([fast, slow], [1, 1], 8)
+    assert shares == [[6], [2]] and time == 6.0
+
+
+def test_allocate_moves_samples_off_a_capped_device():
+    fast, slow = StageTerms(0.0, 1.0, 2), StageTerms(0.0, 3.0, 1 << 30)
+    time, shares = allocate([fast, slow], [1, 1], 8)
+    assert shares == [[2], [6]] and time == 18.0
+
+
+@pytest.mark.parametrize(
+    "terms,counts,m",
+    [
+        ([StageTerms(0, 1, 5)], [3], 2),  # more devices than samples
+        ([StageTerms(0, 1, 0), StageTerms(0, 1, 9)], [1, 1], 4),  # a device that holds not even one sample
+        ([StageTerms(0, 1, 2), StageTerms(0, 1, 1)], [1, 2], 5),  # caps sum to 4 < 5
+        ([StageTerms(0, 1, 3)], [0], 3),  # no devices
+    ],
+)
+def test_allocate_infeasible(terms, counts, m):
+    assert allocate(terms, counts, m) is None
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def uniform_workload(layers: int, fwd=1e9, bwd=2e9, out=100_000, saved=1_000_000, peak=300_000, params=500_000):
+    return Workload(
+        "uniform",
+        (fwd,) * layers,
+        (bwd,) * layers,
+        (out,) * layers,
+        (saved,) * layers,
+        (peak,) * layers,
+        (params,) * layers,
+        (params,) * layers,
+    )
+
+
+def free_comm_cluster(n: int, kind: str = "nx") -> Cluster:
+    """Identical devices, links so fast and latency-free that communication costs nothing (to ~1e-17 s)."""
+    return Cluster(tuple(Device.of_kind(f"d{i}", kind) for i in range(n)), bandwidth_mbps=1e15, latency_ms=0.0)
+
+
+def chain_plan(w: Workload, cluster: Cluster, S: int, M: int, m: int, per: int) -> Plan:
+    stages = tuple(Stage(s * per, (s + 1) * per, (Share(cluster.devices[s].name, m),)) for s in range(S))
+    return Plan("test", w.model, m * M, M, stages, cluster)
+
+
+# ---------------------------------------------------------------- closed form and bubble
+
+
+@pytest.mark.parametrize("S", [1, 2, 3, 5])
+@pytest.mark.parametrize("M", [1, 2, 4, 7])
+def test_closed_form_for_equal_single_device_stages(S, M):
+    per, m = 2, 3
+    w = uniform_workload(S * per)
+    cluster = free_comm_cluster(S)
+    dev = cluster.devices[0]
+    f_plus_b = 2 * per * LAYER_OVERHEAD_S + m * per * 3e9 / dev.flops_per_s  # forward + backward of one stage
+    pred = score(chain_plan(w, cluster, S, M, m, per), w)
+    assert math.isclose(pred.iteration_s, (M + S - 1) * f_plus_b, rel_tol=1e-9)
+    assert math.isclose(pred.bubble_fraction, (S - 1) / (M + S - 1), rel_tol=1e-9, abs_tol=1e-12)
+    assert math.isclose(pred.throughput, m * M / pred.iteration_s)
+    assert pred.fits
+
+
+def test_iteration_time_formula():
+    assert iteration_time([1.0, 3.0, 2.0], [0.5, 0.0, 0.25], 4) == 1 + 3 + 2 + 3 * 3.0 + 0.5
+    assert iteration_time([2.0], [0.0], 1) == 2.0
+
+
+def test_score_is_sum_plus_bottleneck_plus_slowest_allreduce():
+    rng = random.Random(7)
+    w = random_workload(rng, 6)
+    cluster = load_cluster("C", bandwidth_mbps=100)
+    plan = Plan(
+        "hand",
+        w.model,
+        24,
+        3,
+        (
+            Stage(0, 2, (Share("nx-0", 5), Share("tx2-0", 3))),
+            Stage(2, 5, (Share("nano-0", 8),)),
+            Stage(5, 6, (Share("tx2-1", 4), Share("nano-1", 2), Share("nano-2", 2))),
+        ),
+        cluster,
+    )
+    times, ars = [], []
+    for p, st in enumerate(plan.stages):
+        per_dev = []
+        for s in st.devices:
+            t = stage_terms(w, cluster, cluster.device(s.name), st.start, st.end, min(3 - p, 3))
+            per_dev.append(t.fixed + s.samples * t.per_sample)
+        times.append(max(per_dev))
+        ars.append(allreduce_s(w, cluster, st.start, st.end, len(st.devices)))
+    expect = sum(times) + 2 * max(times) + max(ars)
+    assert math.isclose(score(plan, w).iteration_s, expect, rel_tol=1e-12)
+    assert max(ars) > 0
+
+
+def test_stage_terms_follow_the_documented_formula():
+    w = random_workload(random.Random(3), 5)
+    cluster = Cluster((Device.of_kind("t", "tx2"),), bandwidth_mbps=100, latency_ms=2.0)
+    dev = cluster.devices[0]
+    bps = 100e6 / 8
+    # Middle stage: two neighbours, four messages (activations on, gradients back, each way's input).
+    t = stage_terms(w, cluster, dev, 1, 3, 2)
+    assert math.isclose(t.fixed, 2 * 2 * LAYER_OVERHEAD_S + 4 * 2e-3)
+    work = sum(w.forward_flops[1:3]) + sum(w.backward_flops[1:3])
+    assert math.isclose(t.per_sample, work / dev.flops_per_s + (w.output_bytes[0] + w.output_bytes[2]) / bps)
+    # First and last stages have one neighbour; a single stage has none.
+    assert math.isclose(stage_terms(w, cluster, dev, 0, 2, 1).fixed, 4 * LAYER_OVERHEAD_S + 2 * 2e-3)
+    assert math.isclose(stage_terms(w, cluster, dev, 3, 5, 1).fixed, 4 * LAYER_OVERHEAD_S + 2 * 2e-3)
+    whole = stage_terms(w, cluster, dev, 0, 5, 1)
+    assert math.isclose(whole.fixed, 10 * LAYER_OVERHEAD_S)
+    assert math.isclose(whole.per_sample, w.work(0, 5) / dev.flops_per_s)
+
+
+# ---------------------------------------------------------------- memory
+
+
+@pytest.mark.parametrize("M", [1, 2, 3, 4, 6])
+def test_memory_grows_with_micro_batches_in_flight(M):
+    w = uniform_workload(6, saved=7_000_000, peak=1_000_000, params=2_000_000)
+    cluster = free_comm_cluster(3)
+    m = 2
+    pred = score(chain_plan(w, cluster, 3, M, m, 2), w)
+    for s in range(3):
+        held = min(3 - s, M)  # stage 0 of 3 holds min(3, M) micro-batches, the last stage one
+        static = 2 * (2 * 2_000_000 + 2_000_000)  # two layers of weights + gradients + optimizer state
+        expect = static + m * (held * 2 * 7_000_000 + 1_000_000)
+        assert pred.memory_bytes[f"d{s}"] == expect
+        assert device_memory(w, (2 * s, 2 * s + 2, held, m)) == expect
+    if M >= 3:
+        assert pred.memory_bytes["d0"] > pred.memory_bytes["d1"] > pred.memory_bytes["d2"]
+
+
+def test_stage_cap_is_the_most_samples_that_fit():
+    rng = random.Random(11)
+    w = layered_workload(rng, 6, act_scale=40.0, param_scale=0.3)
+    cluster = load_cluster("C")
+    checked = 0
+    for dev in (cluster.device("nano-0"), cluster.device("nx-0")):
+        for i in range(6):
+            for j in range(i + 1, 7):
+                for k in (1, 2, 4):
+                    cap = stage_terms(w, cluster, dev, i, j, k).cap
+                    if cap == 0:
+                        assert w.static_bytes(i, j) + k * w.saved(i, j) + w.peak(i, j) > dev.memory_bytes
+                        continue
+                    checked += 1
+                    assert device_memory(w, (i, j, k, cap)) <= dev.memory_bytes
+                    assert device_memory(w, (i, j, k, cap + 1)) > dev.memory_bytes
+    assert checked > 50
+
+
+def test_plan_over_memory_is_scored_with_fits_false():
+    w = uniform_workload(4, saved=400_000_000, params=50_000_000)
+    cluster = load_cluster("D")
+    plan = Plan("hand", w.model, 16, 1, (Stage(0, 4, (Share("nano-0", 16),)),), cluster)
+    pred = score(plan, w)
+    assert not pred.fits
+    assert pred.memory_bytes["nano-0"] > cluster.device("nano-0").memory_bytes
+    assert math.isfinite(pred.iteration_s) and pred.iteration_s > 0
+    # The same stage split over every device of the cluster fits.
+    spread = Plan(
+        "hand",
+        w.model,
+        16,
+        8,
+        (Stage(0, 4, (Share("tx2-0", 1), Share("nano-0", 1))),),
+        cluster,
+    )
+    assert score(spread, w).fits
+
+
+# ---------------------------------------------------------------- all-reduce
+
+
+def test_allreduce_zero_for_one_device_and_ring_formula_otherwise():
+    w = random_workload(random.Random(5), 4)
+    for mbps, lat in ((100, 0.2), (1000, 0.0), (37.5, 3.0)):
+        cluster = Cluster((Device.of_kind("a", "nano"),), bandwidth_mbps=mbps, latency_ms=lat)
+        assert allreduce_s(w, cluster, 0, 4, 1) == 0.0
+        for g in range(2, 7):
+            params = sum(w.param_bytes[1:3])
+            expect = 2 * (g - 1) / g * params / (mbps * 1e6 / 8) + 2 * (g - 1) * lat / 1000
+            assert math.isclose(allreduce_s(w, cluster, 1, 3, g), expect, rel_tol=1e-12)
+
+
+def test_data_parallel_stage_pays_one_allreduce_per_iteration():
+    w = uniform_workload(3)
+    cluster = Cluster(tuple(Device.of_kind(f"d{i}", "tx2") for i in range(3)), bandwidth_mbps=100, latency_ms=1.0)
+    plan = Plan("hand", w.model, 12, 2, (Stage(0, 3, tuple(Share(f"d{i}", 2) for i in range(3))),), cluster)
+    t = stage_terms(w, cluster, cluster.devices[0], 0, 3, 1)
+    expect = 2 * (t.fixed + 2 * t.per_sample) + allreduce_s(w, cluster, 0, 3, 3)
+    assert math.isclose(score(plan, w).iteration_s, expect, rel_tol=1e-12)
+
+
+# ---------------------------------------------------------------- workload and helpers
+
+
+def test_workload_rejects_ragged_or_empty_layer_lists():
+    with pytest.raises(ValueError, match="saved_bytes"):
+        Workload("x", (1.0, 2.0), (1.0, 2.0), (1, 2), (1,), (1, 2), (1, 2), (1, 2))
+    with pytest.raises(ValueError, match="no layers"):
+        Workload("x", (), (), (), (), (), (), ())
+
+
+def test_workload_range_sums():
+    w = random_workload(random.Random(9), 5)
+    assert math.isclose(w.work(1, 4), sum(w.forward_flops[1:4]) + sum(w.backward_flops[1:4]))
+    assert w.saved(0, 5) == sum(w.saved_bytes)
+    assert w.static_bytes(2, 3) == 2 * w.param_bytes[2] + w.optimizer_bytes[2]
+    assert w.peak(1, 3) == max(w.peak_bytes[1:3])
+    assert w.boundary_bytes(0, 5) == (0, 0)
+    assert w.boundary_bytes(2, 4) == (w.output_bytes[1], w.output_bytes[3])
+
+
+def test_score_rejects_a_plan_for_another_model_or_malformed():
+    w = uniform_workload(3)
+    cluster = free_comm_cluster(1)
+    plan = Plan("hand", "resnet50", 4, 1, (Stage(0, 3, (Share("d0", 4),)),), cluster)
+    with pytest.raises(UserError, match="resnet50"):
+        score(plan, w)
+    short = Plan("hand", w.model, 4, 1, (Stage(0, 2, (Share("d0", 4),)),), cluster)
+    with pytest.raises(UserError, match="cover"):
+        score(short, w)
+
+
+def test_ideal_throughput_and_single_stage():
+    w = uniform_workload(2)
+    cluster = load_cluster("D")
+    total = sum(d.flops_per_s for d in cluster.devices) / w.work(0, 2)
+    assert math.isclose(ideal_throughput(w, cluster), total)
+    time, stage = single_stage(w, cluster, list(cluster.devices), 0, 2, 12, 1)
+    assert stage.samples == 12 and (stage.start, stage.end) == (0, 2)
+    assert dict((s.name, s.samples) for s in stage.devices)["tx2-0"] > 3  # the TX2 is ~3x a Nano
+    assert single_stage(w, cluster, list(cluster.devices), 0, 2, 3, 1) is None  # 4 devices, 3 samples
