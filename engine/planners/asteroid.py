@@ -22,7 +22,7 @@ import itertools
 import math
 from bisect import bisect_left, bisect_right
 
-from engine.costmodel import allocate, allreduce_s, stage_terms
+from engine.costmodel import StageTerms, allocate, allreduce_s, stage_terms
 from engine.plan import Plan, Share, Stage
 from engine.planners import baselines
 from engine.planners.common import NoFeasiblePlan, Problem, device_classes, finish
@@ -32,7 +32,8 @@ SLACK = 1 + 1e-9  # float headroom on bounds, so a plan exactly at the cap is ne
 # of the memory order, as in the published planner (still every layer range, stage count and share).
 EXACT_LIMIT = 200
 GROWTH = 1.3  # without an upper bound, how much the iteration-time bound loosens per round
-CLOSE = 0.05  # bisect until the bounds are this close, then search up to the upper bound
+STEP = 0.3  # fraction (in log scale) of the way from the lower to the upper bound each round
+CLOSE = 0.05  # step until the bounds are this close, then search up to the upper bound
 
 
 class _Search:
@@ -51,6 +52,7 @@ class _Search:
         self.costs: dict = {}
         self.groups_cache: dict = {}
         self.terms_cache: dict = {}
+        self.free_costs: dict = {}
 
     def groups(self, r: tuple[int, ...]) -> list[tuple[tuple[int, ...], float, int]]:
         """Non-empty count vectors g <= r with their speed and size, at most m devices."""
@@ -75,13 +77,23 @@ class _Search:
         if key not in self.costs:
             ks = [k for k, c in enumerate(g) if c]
             terms = [self.terms(k, i, j, in_flight) for k in ks]
-            res = allocate(terms, [g[k] for k in ks], self.m)
-            if res is None:
-                self.costs[key] = None
+            # in_flight only changes the memory caps: when the split that ignores memory fits them, it is
+            # the optimum here too, and it is shared by every stage position.
+            free = self.free_costs.get((i, j, g), False)
+            if free is False:
+                uncapped = [StageTerms(t.fixed, t.per_sample, self.m) for t in terms]
+                free = self.free_costs[(i, j, g)] = self._finish(i, j, g, ks, uncapped)
+            if free is not None and all(max(free[2][k]) <= t.cap for k, t in zip(ks, terms)):
+                self.costs[key] = free
             else:
-                ar = allreduce_s(self.w, self.cluster, i, j, sum(g))
-                self.costs[key] = (res[0], ar, dict(zip(ks, res[1])))
+                self.costs[key] = self._finish(i, j, g, ks, terms)
         return self.costs[key]
+
+    def _finish(self, i, j, g, ks, terms):
+        res = allocate(terms, [g[k] for k in ks], self.m)
+        if res is None:
+            return None
+        return (res[0], allreduce_s(self.w, self.cluster, i, j, sum(g)), dict(zip(ks, res[1])))
 
     def run(self, cap: float) -> tuple[float, list] | None:
         """Best plan with iteration time <= M * cap: (time, [(i, j, g, shares)]) or None."""
@@ -90,18 +102,26 @@ class _Search:
         limit = cap * SLACK
         memo: dict = {}
 
+        w, bw = self.w, self.cluster.bytes_per_s
+        total_speed = sum(len(c) * s for c, s in zip(self.classes, self.speed))
+
         def suffix(i: int, r: tuple[int, ...], k: int) -> list:
             key = (i, r, k)
             if key in memo:
                 return memo[key]
             entries = []
             in_flight = min(k, M)
+            # The stages before i ran layers [0, i) on the devices not in r: their times sum to at least
+            # this, so the suffix's (M - 1) max + sum + all-reduce must fit in what is left of the bound.
+            used = total_speed - sum(c * s for c, s in zip(r, self.speed))
+            room = bound - (Wp[i] * m / used if i else 0.0)
             for g, sg, _n in self.groups(r):
                 rest = tuple(a - b for a, b in zip(r, g))
                 if k == 1:
                     lo = hi = L
                     if (Wp[L] - Wp[i]) * m > limit * sg:
                         continue
+                    sr = 0.0
                 else:
                     if sum(rest) < k - 1:
                         continue
@@ -109,17 +129,24 @@ class _Search:
                     hi = min(bisect_right(Wp, Wp[i] + limit * sg / m) - 1, L - k + 1)
                     lo = max(bisect_left(Wp, Wp[L] - limit * sr / m), i + 1)
                 for j in range(lo, hi + 1):
+                    # This stage is M of the iteration's stage-times; the stages after it at least this.
+                    u_max = (room - ((Wp[L] - Wp[j]) * m / sr if j < L else 0.0)) / M
+                    work = Wp[j] - Wp[i]
+                    a_in, a_out = w.boundary_bytes(i, j)
+                    comm = (a_in + a_out) / bw
+                    if m / sum(c / (work / s + comm) for c, s in zip(g, self.speed) if c) > u_max:
+                        continue  # even a perfect split of the samples is too slow
                     cost = self.stage_cost(i, j, g, in_flight)
-                    if cost is None or cost[0] > limit:
+                    if cost is None or cost[0] > u_max:
                         continue
                     u, ar = cost[0], cost[1]
                     if k == 1:
-                        if M * u + ar <= bound:
+                        if M * u + ar <= room:
                             entries.append((u, u, ar, j, g, -1))
                         continue
                     for idx, (U2, S2, A2, *_rest) in enumerate(suffix(j, rest, k - 1)):
                         U, S, A = max(u, U2), u + S2, max(ar, A2)
-                        if (M - 1) * U + S + A <= bound:
+                        if (M - 1) * U + S + A <= room:
                             entries.append((U, S, A, j, g, idx))
             memo[key] = front = _pareto(entries, M)
             return front
@@ -197,11 +224,12 @@ def _to_stages(search: _Search, layout: list) -> list[Stage]:
 def plan(problem: Problem) -> Plan:
     """The fastest plan under the cost model that fits every device's memory."""
     exact = search_size(problem.cluster) <= EXACT_LIMIT
-    searches = [_Search(problem, M, exact) for M in problem.micro_batch_options]
+    # Most micro-batches first: they usually win, and a plan found early tightens the bound for the rest.
+    searches = [_Search(problem, M, exact) for M in reversed(problem.micro_batch_options)]
     # A round searches every M for plans with T <= bound; the best plan of the first round that finds
     # any is optimal, as every better plan was inside the bound too. Total work over total speed bounds
-    # T from below; data parallelism, when it fits, from above. Bisect (geometrically) between them,
-    # so the finding round is never far above the optimum (a loose bound makes a round slow).
+    # T from below; data parallelism, when it fits, from above. Step between them geometrically, close
+    # to the lower bound: a round that finds nothing is cheap, a round with a loose bound is slow.
     floor = lo = min(s.lower_bound() * s.M for s in searches)
     hi = _data_parallel_time(problem)
     while True:
@@ -210,7 +238,7 @@ def plan(problem: Problem) -> Plan:
         elif hi / lo <= 1 + CLOSE:
             bound = hi
         else:
-            bound = math.sqrt(lo * hi)
+            bound = lo * (hi / lo) ** STEP
         best = None
         for search in searches:
             found = search.run((best[0] if best else bound) / search.M)
