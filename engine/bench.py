@@ -65,7 +65,7 @@ def time_planning(devices: int, layers: int, timeout: float) -> tuple[float, int
     return out.get() if not out.empty() else None
 
 
-def planner_bench(quick: bool = False, timeout: float = 120.0) -> str:
+def planner_bench(quick: bool = False, timeout: float = 60.0) -> str:
     devices = QUICK["devices"] if quick else DEVICES
     layers = QUICK["layers"] if quick else LAYERS
     models = QUICK["models"] if quick else MODELS

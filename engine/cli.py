@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="run a benchmark and print its tables")
     b.add_argument("name", choices=["planner"], help="planner: planning time and predicted throughput")
     b.add_argument("--quick", action="store_true", help="a small grid, for a fast look")
-    b.add_argument("--timeout", type=_positive_float, default=120.0, help="seconds allowed per planning cell")
+    b.add_argument("--timeout", type=_positive_float, default=60.0, help="seconds allowed per planning cell")
     b.add_argument("--output", help="also write the markdown report to this file")
 
     sub.add_parser("models", help="list the model zoo")

@@ -53,6 +53,7 @@ class _Search:
         self.groups_cache: dict = {}
         self.terms_cache: dict = {}
         self.free_costs: dict = {}
+        self.moves_cache: dict = {}
 
     def groups(self, r: tuple[int, ...]) -> list[tuple[tuple[int, ...], float, int]]:
         """Non-empty count vectors g <= r with their speed and size, at most m devices."""
@@ -65,6 +66,20 @@ class _Search:
             self.groups_cache[r] = out
         return self.groups_cache[r]
 
+    def speed_of(self, r: tuple[int, ...]) -> float:
+        return sum(c * s for c, s in zip(r, self.speed))
+
+    def moves(self, r: tuple[int, ...]) -> list:
+        """Per group g <= r: (g, its speed, what remains, its speed, its size, g's (count, speed) pairs)."""
+        if r not in self.moves_cache:
+            out = []
+            for g, sg, _n in self.groups(r):
+                rest = tuple(a - b for a, b in zip(r, g))
+                pairs = [(c, s) for c, s in zip(g, self.speed) if c]
+                out.append((g, sg, rest, self.speed_of(rest), sum(rest), pairs))
+            self.moves_cache[r] = out
+        return self.moves_cache[r]
+
     def terms(self, k: int, i: int, j: int, in_flight: int):
         key = (k, i, j, in_flight)
         if key not in self.terms_cache:
@@ -73,21 +88,38 @@ class _Search:
 
     def stage_cost(self, i: int, j: int, g: tuple[int, ...], in_flight: int):
         """(time, all-reduce, shares per class) of layers [i, j) on group g, or None if it cannot fit."""
+        # in_flight only changes the memory caps: while the split that ignores memory fits them, it is
+        # the optimum, whatever the stage's position. Keep it with the most in-flight micro-batches it fits.
+        free = self.free_costs.get((i, j, g))
+        if free is None:
+            free = self.free_costs[(i, j, g)] = self._memory_free(i, j, g)
+        cost, most = free
+        if in_flight <= most:
+            return cost
         key = (i, j, g, in_flight)
         if key not in self.costs:
             ks = [k for k, c in enumerate(g) if c]
-            terms = [self.terms(k, i, j, in_flight) for k in ks]
-            # in_flight only changes the memory caps: when the split that ignores memory fits them, it is
-            # the optimum here too, and it is shared by every stage position.
-            free = self.free_costs.get((i, j, g), False)
-            if free is False:
-                uncapped = [StageTerms(t.fixed, t.per_sample, self.m) for t in terms]
-                free = self.free_costs[(i, j, g)] = self._finish(i, j, g, ks, uncapped)
-            if free is not None and all(max(free[2][k]) <= t.cap for k, t in zip(ks, terms)):
-                self.costs[key] = free
-            else:
-                self.costs[key] = self._finish(i, j, g, ks, terms)
+            self.costs[key] = self._finish(i, j, g, ks, [self.terms(k, i, j, in_flight) for k in ks])
         return self.costs[key]
+
+    def _memory_free(self, i: int, j: int, g: tuple[int, ...]) -> tuple:
+        """(cost of the split ignoring memory, largest in_flight at which every device still fits it)."""
+        ks = [k for k, c in enumerate(g) if c]
+        terms = [self.terms(k, i, j, 1) for k in ks]
+        cost = self._finish(i, j, g, ks, [StageTerms(t.fixed, t.per_sample, self.m) for t in terms])
+        if cost is None:
+            return None, 1 << 30
+        w = self.w
+        static, saved, peak = w.static_bytes(i, j), w.saved(i, j), w.peak(i, j)
+        most = 1 << 30
+        for k in ks:
+            n = max(cost[2][k])
+            spare = self.classes[k][0].memory_bytes - static - n * peak
+            if spare < 0:
+                return cost, 0
+            if saved:
+                most = min(most, spare // (n * saved))
+        return cost, most
 
     def _finish(self, i, j, g, ks, terms):
         res = allocate(terms, [g[k] for k in ks], self.m)
@@ -102,39 +134,39 @@ class _Search:
         limit = cap * SLACK
         memo: dict = {}
 
-        w, bw = self.w, self.cluster.bytes_per_s
+        bw = self.cluster.bytes_per_s
+        out = self.w.output_bytes
+        a_in = [out[i - 1] / bw if i else 0.0 for i in range(L + 1)]  # comm per sample entering at layer i
+        a_out = [out[j - 1] / bw if j < L else 0.0 for j in range(L + 1)]  # ... and leaving after layer j
         total_speed = sum(len(c) * s for c, s in zip(self.classes, self.speed))
 
         def suffix(i: int, r: tuple[int, ...], k: int) -> list:
             key = (i, r, k)
-            if key in memo:
-                return memo[key]
+            front = memo.get(key)
+            if front is not None:
+                return front
             entries = []
             in_flight = min(k, M)
             # The stages before i ran layers [0, i) on the devices not in r: their times sum to at least
             # this, so the suffix's (M - 1) max + sum + all-reduce must fit in what is left of the bound.
-            used = total_speed - sum(c * s for c, s in zip(r, self.speed))
+            used = total_speed - self.speed_of(r)
             room = bound - (Wp[i] * m / used if i else 0.0)
-            for g, sg, _n in self.groups(r):
-                rest = tuple(a - b for a, b in zip(r, g))
+            Wi, Wl = Wp[i], Wp[L]
+            for g, sg, rest, sr, n_rest, classes in self.moves(r):
                 if k == 1:
                     lo = hi = L
-                    if (Wp[L] - Wp[i]) * m > limit * sg:
+                    if (Wl - Wi) * m > limit * sg:
                         continue
-                    sr = 0.0
                 else:
-                    if sum(rest) < k - 1:
+                    if n_rest < k - 1:
                         continue
-                    sr = sum(c * s for c, s in zip(rest, self.speed))
-                    hi = min(bisect_right(Wp, Wp[i] + limit * sg / m) - 1, L - k + 1)
-                    lo = max(bisect_left(Wp, Wp[L] - limit * sr / m), i + 1)
+                    hi = min(bisect_right(Wp, Wi + limit * sg / m) - 1, L - k + 1)
+                    lo = max(bisect_left(Wp, Wl - limit * sr / m), i + 1)
                 for j in range(lo, hi + 1):
                     # This stage is M of the iteration's stage-times; the stages after it at least this.
-                    u_max = (room - ((Wp[L] - Wp[j]) * m / sr if j < L else 0.0)) / M
-                    work = Wp[j] - Wp[i]
-                    a_in, a_out = w.boundary_bytes(i, j)
-                    comm = (a_in + a_out) / bw
-                    if m / sum(c / (work / s + comm) for c, s in zip(g, self.speed) if c) > u_max:
+                    u_max = (room - ((Wl - Wp[j]) * m / sr if j < L else 0.0)) / M
+                    work, comm = Wp[j] - Wi, a_in[i] + a_out[j]
+                    if m > u_max * sum(c / (work / s + comm) for c, s in classes):
                         continue  # even a perfect split of the samples is too slow
                     cost = self.stage_cost(i, j, g, in_flight)
                     if cost is None or cost[0] > u_max:
@@ -144,10 +176,11 @@ class _Search:
                         if M * u + ar <= room:
                             entries.append((u, u, ar, j, g, -1))
                         continue
+                    lim = room - u
                     for idx, (U2, S2, A2, *_rest) in enumerate(suffix(j, rest, k - 1)):
-                        U, S, A = max(u, U2), u + S2, max(ar, A2)
-                        if (M - 1) * U + S + A <= room:
-                            entries.append((U, S, A, j, g, idx))
+                        U, A = (u if u > U2 else U2), (ar if ar > A2 else A2)
+                        if (M - 1) * U + S2 + A <= lim:
+                            entries.append((U, u + S2, A, j, g, idx))
             memo[key] = front = _pareto(entries, M)
             return front
 
