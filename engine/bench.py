@@ -19,6 +19,7 @@ DEVICES = (4, 8, 16, 32, 64)
 LAYERS = (20, 50, 100, 200)
 MODELS = {"mobilenetv2": 128, "resnet50": 64, "vgg16": 128, "bert-small": 32, "gpt-small": 32}
 TIMING_BATCH = 256
+BANDWIDTHS = (1000.0, 100.0)
 QUICK = {"devices": (4, 8), "layers": (20, 50), "models": {"mobilenetv2": 128}}
 
 
@@ -94,16 +95,17 @@ def planner_bench(quick: bool = False, timeout: float = 60.0) -> str:
                 bar.update(note=f"{n} devices x {n_layers} layers")
             lines.append(f"| {n} | {mode} | " + " | ".join(cells) + " |")
     lines += ["", "`st` = stages of the plan found, `M` = micro-batches.", ""]
-    lines += throughput_tables(models)
+    for mbps in BANDWIDTHS:
+        lines += throughput_table(models, mbps) + [""]
     return "\n".join(lines)
 
 
-def throughput_tables(models: dict[str, int]) -> list[str]:
+def throughput_table(models: dict[str, int], bandwidth_mbps: float) -> list[str]:
     """Predicted samples/s of every method per cluster and model, with the ideal and Asteroid's speedups."""
     from engine.workloads import workload
 
     lines = [
-        "### Predicted throughput (samples/s) on clusters A-D, 1000 Mbps",
+        f"### Predicted throughput (samples/s) on clusters A-D, {bandwidth_mbps:g} Mbps",
         "",
         "Ideal = the sum of every device's own throughput with the whole model and no communication. "
         "Speedups are Asteroid over data parallelism (dp) and over the best other pipeline planner "
@@ -116,7 +118,7 @@ def throughput_tables(models: dict[str, int]) -> list[str]:
     for name, batch in models.items():
         w = workload(name)
         for letter, cluster in CLUSTERS.items():
-            problem = Problem(w, cluster, batch)
+            problem = Problem(w, cluster.with_bandwidth(bandwidth_mbps), batch)
             got: dict[str, float | None] = {}
             cells = []
             for method in COMPARED:

@@ -23,6 +23,7 @@ import math
 from bisect import bisect_left, bisect_right
 
 from engine.costmodel import StageTerms, allocate, allreduce_s, stage_terms
+from engine.devices import LAYER_OVERHEAD_S
 from engine.plan import Plan, Share, Stage
 from engine.planners import baselines
 from engine.planners.common import NoFeasiblePlan, Problem, device_classes, finish
@@ -127,57 +128,65 @@ class _Search:
             return None
         return (res[0], allreduce_s(self.w, self.cluster, i, j, sum(g)), dict(zip(ks, res[1])))
 
-    def run(self, cap: float) -> tuple[float, list] | None:
-        """Best plan with iteration time <= M * cap: (time, [(i, j, g, shares)]) or None."""
+    def run(self, cap: float, relaxed: bool = False) -> tuple[float, list] | None:
+        """Best plan with iteration time <= M * cap: (time, [(i, j, g, shares)]) or None.
+
+        `relaxed` charges every stage one in-flight micro-batch of activations instead of its 1F1B
+        count: a weaker memory constraint, so no worse than the truth, and the state needs no stage
+        count. The caller checks the plan it gives against the real memory.
+        """
         M, m, L, Wp = self.M, self.m, self.L, self.Wp
         bound = M * cap * SLACK
         limit = cap * SLACK
         memo: dict = {}
-
         bw = self.cluster.bytes_per_s
         out = self.w.output_bytes
         a_in = [out[i - 1] / bw if i else 0.0 for i in range(L + 1)]  # comm per sample entering at layer i
         a_out = [out[j - 1] / bw if j < L else 0.0 for j in range(L + 1)]  # ... and leaving after layer j
         total_speed = sum(len(c) * s for c, s in zip(self.classes, self.speed))
+        per_layer, per_boundary = 2 * LAYER_OVERHEAD_S, 2 * self.cluster.latency_s  # as in stage_terms
 
         def suffix(i: int, r: tuple[int, ...], k: int) -> list:
+            """Front for layers [i, L) on devices within r in exactly k stages (any number if k == 0)."""
             key = (i, r, k)
             front = memo.get(key)
             if front is not None:
                 return front
             entries = []
-            in_flight = min(k, M)
+            in_flight = min(k, M) if k else 1
             # The stages before i ran layers [0, i) on the devices not in r: their times sum to at least
             # this, so the suffix's (M - 1) max + sum + all-reduce must fit in what is left of the bound.
             used = total_speed - self.speed_of(r)
             room = bound - (Wp[i] * m / used if i else 0.0)
             Wi, Wl = Wp[i], Wp[L]
+            after = max(k - 1, 1)  # stages that must follow a middle stage
             for g, sg, rest, sr, n_rest, classes in self.moves(r):
-                if k == 1:
-                    lo = hi = L
-                    if (Wl - Wi) * m > limit * sg:
-                        continue
-                else:
-                    if n_rest < k - 1:
-                        continue
-                    hi = min(bisect_right(Wp, Wi + limit * sg / m) - 1, L - k + 1)
+                lo, hi = L + 1, L - 1  # empty range of middle-stage ends unless some can follow
+                if k != 1 and n_rest >= after:
+                    hi = min(bisect_right(Wp, Wi + limit * sg / m) - 1, L - after)
                     lo = max(bisect_left(Wp, Wl - limit * sr / m), i + 1)
-                for j in range(lo, hi + 1):
+                if k <= 1 and (Wl - Wi) * m <= limit * sg:
+                    ends = [*range(lo, hi + 1), L]  # the last stage too
+                else:
+                    ends = range(lo, hi + 1)
+                for j in ends:
                     # This stage is M of the iteration's stage-times; the stages after it at least this.
                     u_max = (room - ((Wl - Wp[j]) * m / sr if j < L else 0.0)) / M
                     work, comm = Wp[j] - Wi, a_in[i] + a_out[j]
-                    if m > u_max * sum(c / (work / s + comm) for c, s in classes):
+                    # Every device pays the same fixed cost; the rest is at best split in proportion.
+                    fixed = (j - i) * per_layer + ((i > 0) + (j < L)) * per_boundary
+                    if (m / sum(c / (work / s + comm) for c, s in classes)) + fixed > u_max:
                         continue  # even a perfect split of the samples is too slow
                     cost = self.stage_cost(i, j, g, in_flight)
                     if cost is None or cost[0] > u_max:
                         continue
                     u, ar = cost[0], cost[1]
-                    if k == 1:
+                    if j == L:
                         if M * u + ar <= room:
                             entries.append((u, u, ar, j, g, -1))
                         continue
                     lim = room - u
-                    for idx, (U2, S2, A2, *_rest) in enumerate(suffix(j, rest, k - 1)):
+                    for idx, (U2, S2, A2, *_rest) in enumerate(suffix(j, rest, k - 1 if k else 0)):
                         U, A = (u if u > U2 else U2), (ar if ar > A2 else A2)
                         if (M - 1) * U + S2 + A <= lim:
                             entries.append((U, u + S2, A, j, g, idx))
@@ -186,7 +195,7 @@ class _Search:
 
         full = tuple(len(c) for c in self.classes)
         best = None
-        for k in range(1, min(sum(full), L) + 1):
+        for k in [0] if relaxed else range(1, min(sum(full), L) + 1):
             for idx, (U, S, A, *_rest) in enumerate(suffix(0, full, k)):
                 t = S + (M - 1) * U + A
                 if best is None or t < best[0]:
@@ -197,10 +206,10 @@ class _Search:
         stages, i, r = [], 0, full
         while True:
             _U, _S, _A, j, g, nxt = memo[(i, r, k)][idx]
-            stages.append((i, j, g, self.stage_cost(i, j, g, min(k, M))[2]))
+            stages.append((i, j, g, self.stage_cost(i, j, g, min(k, M) if k else 1)[2]))
             if nxt < 0:
                 return t, stages
-            i, r, k, idx = j, tuple(a - b for a, b in zip(r, g)), k - 1, nxt
+            i, r, k, idx = j, tuple(a - b for a, b in zip(r, g)), (k - 1 if k else 0), nxt
 
     def lower_bound(self) -> float:
         """No stage can beat the whole cluster working in perfect proportion."""
@@ -272,20 +281,30 @@ def plan(problem: Problem) -> Plan:
             bound = hi
         else:
             bound = lo * (hi / lo) ** STEP
-        best = None
-        for search in searches:
-            found = search.run((best[0] if best else bound) / search.M)
-            if found and (best is None or found[0] < best[0]):
-                best = (found[0], search, found[1])
-        if best:
-            _t, search, layout = best
-            return finish(problem, "asteroid", search.M, _to_stages(search, layout))
+        found = _round(searches, bound, relaxed=True)
+        if found:
+            plan = finish(problem, "asteroid", found[1].M, _to_stages(found[1], found[2]))
+            if plan.predicted.fits:
+                return plan  # the relaxation's optimum is feasible, so it is the optimum
+            found = _round(searches, bound, relaxed=False)
+            if found:
+                return finish(problem, "asteroid", found[1].M, _to_stages(found[1], found[2]))
         if bound >= hi:
             raise NoFeasiblePlan(
                 f"model {problem.workload.model!r} at batch size {problem.batch_size} does not fit in the memory "
                 f"of cluster {problem.cluster.name!r}"
             )
         lo = bound
+
+
+def _round(searches: list[_Search], bound: float, relaxed: bool):
+    """Best (time, search, layout) over every micro-batch count with time <= bound, or None."""
+    best = None
+    for search in searches:
+        found = search.run((best[0] if best else bound) / search.M, relaxed)
+        if found and (best is None or found[0] < best[0]):
+            best = (found[0], search, found[1])
+    return best
 
 
 def _data_parallel_time(problem: Problem) -> float:
