@@ -1,19 +1,26 @@
 """Asteroid planner: exact dynamic programming over layer ranges, device groups and stage count.
 
 The published planner orders devices by memory and gives each stage a contiguous run of that order.
-Here a stage's group is any multiset of device *classes* (devices with the same kind, memory and
-speed are interchangeable), so the search covers every assignment of devices to stages and finds the
-true optimum of the cost model. For each micro-batch count M, the DP is over suffixes:
+Here, while the cluster is small enough (EXACT_LIMIT), a stage's group is any multiset of device
+*classes* (devices with the same kind, memory and speed are interchangeable), so the search covers
+every assignment of devices to stages and finds the true optimum of the cost model; larger clusters
+fall back to the published space. For each micro-batch count M the DP is over suffixes:
 
-    best(i, r, k) = Pareto front of (max stage time, sum of stage times, max all-reduce) for
-                    covering layers [i, L) with exactly k stages drawn from the device counts r,
+    best(i, r, k) = fronts of (max stage time, sum of stage times, max all-reduce) for covering
+                    layers [i, L) with exactly k stages drawn from the device counts r,
 
-and the iteration time sum + (M - 1) * max + allreduce is minimized at the top. Inside a stage the
-micro-batch is split by `costmodel.allocate` (proportional to speed, capped by memory, samples moved
-off the straggler). The search is bounded by a cap U on stage time: a plan of iteration time T has
-every stage below T / M and needs W_rest * m / speed(rest) <= U for what is left, so a DP run with
-cap U finds exactly the plans with T <= M * U. The bound on T starts at the lower bound (total
-work over total speed) and loosens until some micro-batch count has a plan within it.
+and the iteration time sum + (M - 1) * max + allreduce is minimized at the top. A front keeps only
+entries that no other beats for every way of finishing the plan. Inside a stage the micro-batch is
+split by `costmodel.allocate` (proportional to speed, capped by memory, samples moved off the
+straggler). k is there only because stage p of S holds min(S - p, M) micro-batches of activations:
+the search first solves the relaxation that charges every stage one (no k in the state) and keeps
+its plan when that plan fits the real memory; otherwise it runs the full DP.
+
+Every search is bounded: a plan of iteration time T has every stage below T / M, and the layers
+before and after a stage need at least their work over their devices' speed, so a DP run with
+bound T finds exactly the plans with iteration time <= T, and prunes the rest early. The bound
+steps up from the lower bound (total work over total speed) toward the best data-parallel plan; the
+first round that finds a plan has found the optimum.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from engine.planners.common import NoFeasiblePlan, Problem, device_classes, fini
 SLACK = 1 + 1e-9  # float headroom on bounds, so a plan exactly at the cap is never cut
 # Past this many (remaining, group) pairs the exact search is too slow; groups are then contiguous runs
 # of the memory order, as in the published planner (still every layer range, stage count and share).
-EXACT_LIMIT = 200
+EXACT_LIMIT = 1000
 GROWTH = 1.3  # without an upper bound, how much the iteration-time bound loosens per round
 STEP = 0.3  # fraction (in log scale) of the way from the lower to the upper bound each round
 CLOSE = 0.05  # step until the bounds are this close, then search up to the upper bound
