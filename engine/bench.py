@@ -45,18 +45,23 @@ def synthetic_cluster(devices: int) -> Cluster:
     return Cluster(tuple(Device.of_kind(f"{kinds[k % 3]}-{k}", kinds[k % 3]) for k in range(devices)), name="synthetic")
 
 
-def _time_cell(devices: int, layers: int, out) -> None:
+def _time_cell(devices: int, layers: int, exact_limit: int, out) -> None:
+    from engine.planners import asteroid
+
+    asteroid.EXACT_LIMIT = exact_limit  # this child process only
     problem = Problem(synthetic_workload(layers), synthetic_cluster(devices), TIMING_BATCH)
     start = time.perf_counter()
     plan = make_plan("asteroid", problem)
-    out.put((time.perf_counter() - start, len(plan.stages), plan.micro_batches))
+    out.put((time.perf_counter() - start, len(plan.stages), plan.micro_batches, plan.predicted.iteration_s))
 
 
-def time_planning(devices: int, layers: int, timeout: float) -> tuple[float, int, int] | None:
-    """(seconds, stages, micro-batches) of planning in a child process, or None past `timeout`."""
+def time_planning(
+    devices: int, layers: int, timeout: float, exact_limit: int = EXACT_LIMIT
+) -> tuple[float, int, int, float] | None:
+    """(seconds, stages, micro-batches, iteration s) of planning in a child process, or None past `timeout`."""
     ctx = mp.get_context("fork")
     out = ctx.Queue()
-    proc = ctx.Process(target=_time_cell, args=(devices, layers, out))
+    proc = ctx.Process(target=_time_cell, args=(devices, layers, exact_limit, out))
     proc.start()
     proc.join(timeout)
     if proc.is_alive():
@@ -95,9 +100,37 @@ def planner_bench(quick: bool = False, timeout: float = 60.0) -> str:
                 bar.update(note=f"{n} devices x {n_layers} layers")
             lines.append(f"| {n} | {mode} | " + " | ".join(cells) + " |")
     lines += ["", "`st` = stages of the plan found, `M` = micro-batches.", ""]
+    lines += exact_vs_ordered(devices, layers, timeout)
     for mbps in BANDWIDTHS:
         lines += throughput_table(models, mbps) + [""]
     return "\n".join(lines)
+
+
+def exact_vs_ordered(devices: tuple[int, ...], layers: tuple[int, ...], timeout: float) -> list[str]:
+    """What the exact search buys over the published (ordered) space, where the exact one runs."""
+    sizes = [n for n in devices if search_size(synthetic_cluster(n)) <= EXACT_LIMIT]
+    if not sizes:
+        return []
+    lines = [
+        "### Exact search against the published planner's space",
+        "",
+        "The same cells planned again with groups restricted to contiguous runs of the memory order. "
+        "`gain` = how much longer the ordered plan's predicted iteration is.",
+        "",
+        "| devices | layers | exact: time, iteration | ordered: time, iteration | gain |",
+        "|---|---|---|---|---|",
+    ]
+    for n in sizes:
+        for n_layers in layers:
+            exact = time_planning(n, n_layers, timeout)
+            ordered = time_planning(n, n_layers, timeout, exact_limit=0)
+            if exact is None or ordered is None:
+                continue
+            lines.append(
+                f"| {n} | {n_layers} | {exact[0]:.2f} s, {exact[3]:.4f} s | {ordered[0]:.2f} s, {ordered[3]:.4f} s | "
+                f"{100 * (ordered[3] / exact[3] - 1):.1f} % |"
+            )
+    return [*lines, ""]
 
 
 def throughput_table(models: dict[str, int], bandwidth_mbps: float) -> list[str]:

@@ -23,9 +23,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engine import schedule
 from engine.devices import LAYER_OVERHEAD_S, Cluster, Device
 from engine.errors import UserError
-from engine.plan import Plan, Prediction, Share, Stage
+from engine.plan import Plan, Prediction
 
 
 @dataclass(frozen=True)
@@ -136,10 +137,9 @@ def stage_terms(w: Workload, cluster: Cluster, dev: Device, i: int, j: int, in_f
     return StageTerms(fixed, per_sample, int(cap))
 
 
-def device_memory(w: Workload, dev_in_stage: tuple[int, int, int, int]) -> int:
-    """Bytes a device uses: (i, j, in_flight, samples)."""
-    i, j, in_flight, n = dev_in_stage
-    return w.static_bytes(i, j) + n * (in_flight * w.saved(i, j) + w.peak(i, j))
+def device_memory(w: Workload, i: int, j: int, in_flight: int, samples: int) -> int:
+    """Bytes a device uses running `samples` of each micro-batch through layers [i, j)."""
+    return w.static_bytes(i, j) + samples * (in_flight * w.saved(i, j) + w.peak(i, j))
 
 
 def allreduce_s(w: Workload, cluster: Cluster, i: int, j: int, group: int) -> float:
@@ -224,12 +224,12 @@ def score(plan: Plan, w: Workload) -> Prediction:
     cluster, M, S = plan.cluster, plan.micro_batches, len(plan.stages)
     times, reduces, memory, busy, fits = [], [], {}, 0.0, True
     for p, st in enumerate(plan.stages):
-        in_flight = min(S - p, M)
-        terms = [stage_terms(w, cluster, cluster.device(s.name), st.start, st.end, in_flight) for s in st.devices]
+        held = schedule.in_flight(S, M, p)
+        terms = [stage_terms(w, cluster, cluster.device(s.name), st.start, st.end, held) for s in st.devices]
         times.append(stage_time(terms, [s.samples for s in st.devices]))
         reduces.append(allreduce_s(w, cluster, st.start, st.end, len(st.devices)))
         for t, s in zip(terms, st.devices):
-            memory[s.name] = device_memory(w, (st.start, st.end, in_flight, s.samples))
+            memory[s.name] = device_memory(w, st.start, st.end, held, s.samples)
             fits &= memory[s.name] <= cluster.device(s.name).memory_bytes
             busy += M * (t.fixed + s.samples * t.per_sample)
     total = iteration_time(times, reduces, M)
@@ -241,13 +241,3 @@ def ideal_throughput(w: Workload, cluster: Cluster) -> float:
     """Sum of every device's own training throughput (whole model, no communication, no memory limit)."""
     total = w.work(0, w.num_layers)
     return sum(d.flops_per_s / total for d in cluster.devices)
-
-
-def single_stage(w: Workload, cluster: Cluster, devices: list[Device], i: int, j: int, m: int, in_flight: int):
-    """Best allocation of m samples over `devices` for one stage: (time, shares) or None if it cannot fit."""
-    terms = [stage_terms(w, cluster, d, i, j, in_flight) for d in devices]
-    result = allocate(terms, [1] * len(devices), m)
-    if result is None:
-        return None
-    time, shares = result
-    return time, Stage(i, j, tuple(Share(d.name, s[0]) for d, s in zip(devices, shares)))

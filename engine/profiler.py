@@ -1,6 +1,6 @@
 """Per-layer profiles: host time, FLOPs and memory of each layer at a micro-batch size, cached as JSON.
 
-    profile = cached_profile("mobilenetv2", micro_batch=8, progress=True)
+profile = cached_profile("mobilenetv2", micro_batch=8, progress=True)
 """
 
 from __future__ import annotations
@@ -83,12 +83,17 @@ class ModelProfile:
             raise ValueError(f"profile version {d.get('version')!r}, expected {PROFILE_VERSION}")
         types = {f.name: f.type for f in fields(LayerProfile)}
         layers = tuple(
-            LayerProfile(**{k: str(v) if types[k] == "str" else float(v) if types[k] == "float" else int(v)
-                            for k, v in layer.items()})
+            LayerProfile(
+                **{
+                    k: str(v) if types[k] == "str" else float(v) if types[k] == "float" else int(v)
+                    for k, v in layer.items()
+                }
+            )
             for layer in d["layers"]
         )
-        profile = cls(str(d["model"]), int(d["micro_batch"]), str(d["device"]), str(d["optimizer"]),
-                      int(d["input_bytes"]), layers)
+        profile = cls(
+            str(d["model"]), int(d["micro_batch"]), str(d["device"]), str(d["optimizer"]), int(d["input_bytes"]), layers
+        )
         if profile.micro_batch < 1 or not layers:
             raise ValueError("profile needs a positive micro_batch and at least one layer")
         return profile
@@ -115,8 +120,21 @@ def _state_bytes(layer: nn.Module) -> tuple[int, int]:
     return params, trainable
 
 
-def _conv_backward_flops(grad_out_shape, x_shape, w_shape, _bias, _stride, _padding, _dilation, transposed,
-                         _output_padding, _groups, output_mask, out_shape=None, **kwargs) -> int:
+def _conv_backward_flops(
+    grad_out_shape,
+    x_shape,
+    w_shape,
+    _bias,
+    _stride,
+    _padding,
+    _dilation,
+    transposed,
+    _output_padding,
+    _groups,
+    output_mask,
+    out_shape=None,
+    **kwargs,
+) -> int:
     """Input and weight gradients each cost what the forward convolution costs.
 
     Replaces torch's formula, whose weight-gradient term ignores `groups` and so counts a depthwise
@@ -172,8 +190,9 @@ def _time_layer(layer: nn.Module, x: Tensor, repeats: int, warmup: int) -> tuple
     return statistics.median(forward), statistics.median(backward), y.detach()
 
 
-def _profile_layer(index: int, layer: nn.Module, x: Tensor, micro_batch: int, repeats: int, warmup: int,
-                   optimizer: str) -> tuple[LayerProfile, Tensor]:
+def _profile_layer(
+    index: int, layer: nn.Module, x: Tensor, micro_batch: int, repeats: int, warmup: int, optimizer: str
+) -> tuple[LayerProfile, Tensor]:
     # Layer 0 gets data (no input gradient); later layers get activations whose gradient is sent back.
     x = x.detach().requires_grad_(index > 0 and x.is_floating_point())
     flops, saved = _counted_pass(layer, x)
@@ -198,12 +217,19 @@ def _profile_layer(index: int, layer: nn.Module, x: Tensor, micro_batch: int, re
     return profile, y
 
 
-def profile_model(spec: ModelSpec, micro_batch: int = 8, repeats: int = 5, warmup: int = 2, optimizer: str = "sgd",
-                  progress: bool = False) -> ModelProfile:
+def profile_model(
+    spec: ModelSpec,
+    micro_batch: int = 8,
+    repeats: int = 5,
+    warmup: int = 2,
+    optimizer: str = "sgd",
+    progress: bool = False,
+) -> ModelProfile:
     """Profile every layer of `spec` in training mode on the input it really receives at `micro_batch`."""
     if micro_batch < 1 or repeats < 1 or warmup < 0:
-        raise UserError(f"profiling needs micro_batch >= 1, repeats >= 1, warmup >= 0; "
-                        f"got {micro_batch}, {repeats}, {warmup}")
+        raise UserError(
+            f"profiling needs micro_batch >= 1, repeats >= 1, warmup >= 0; got {micro_batch}, {repeats}, {warmup}"
+        )
     if optimizer not in OPTIMIZER_STATES:
         raise UserError(f"unknown optimizer {optimizer!r}; known optimizers: {', '.join(OPTIMIZER_STATES)}")
     # A fixed seed makes profiles repeatable without disturbing the caller's RNG. One thread: on a small
@@ -216,8 +242,9 @@ def profile_model(spec: ModelSpec, micro_batch: int = 8, repeats: int = 5, warmu
         torch.set_num_threads(threads)
 
 
-def _profile(spec: ModelSpec, micro_batch: int, repeats: int, warmup: int, optimizer: str,
-             progress: bool) -> ModelProfile:
+def _profile(
+    spec: ModelSpec, micro_batch: int, repeats: int, warmup: int, optimizer: str, progress: bool
+) -> ModelProfile:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         layers = spec.layers()
@@ -245,8 +272,15 @@ def cache_path(model: str, micro_batch: int, optimizer: str = "sgd", cache_dir: 
     return directory / f"{model}-mb{micro_batch}-{optimizer}-{host_id()}.json"
 
 
-def cached_profile(name_or_spec: str | ModelSpec, micro_batch: int = 8, cache_dir: str | Path | None = None,
-                   refresh: bool = False, progress: bool = False, optimizer: str = "sgd", **kw) -> ModelProfile:
+def cached_profile(
+    name_or_spec: str | ModelSpec,
+    micro_batch: int = 8,
+    cache_dir: str | Path | None = None,
+    refresh: bool = False,
+    progress: bool = False,
+    optimizer: str = "sgd",
+    **kw,
+) -> ModelProfile:
     """The cached profile if there is a valid one, else a fresh one (written back atomically).
 
     `kw` goes to `profile_model` (repeats, warmup). A corrupt or outdated cache file is re-profiled.
@@ -257,7 +291,11 @@ def cached_profile(name_or_spec: str | ModelSpec, micro_batch: int = 8, cache_di
         try:
             cached = ModelProfile.from_dict(json.loads(path.read_text()))
             if (cached.model, cached.micro_batch, cached.optimizer, cached.device) == (
-                    spec.name, micro_batch, optimizer, host_id()):
+                spec.name,
+                micro_batch,
+                optimizer,
+                host_id(),
+            ):
                 return cached
         except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
             pass  # corrupt or outdated: profile again below

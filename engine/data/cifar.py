@@ -22,8 +22,12 @@ STD = (0.2470, 0.2435, 0.2616)
 class _ArrayUnpickler(pickle.Unpickler):
     """Loads dicts, lists, bytes and numpy arrays only: a batch file cannot run code."""
 
-    ALLOWED = {("numpy._core.multiarray", "_reconstruct"), ("numpy", "ndarray"), ("numpy", "dtype"),
-               ("numpy._core.multiarray", "scalar")}
+    ALLOWED = {
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("numpy._core.multiarray", "scalar"),
+    }
 
     def find_class(self, module: str, name: str) -> object:
         module = module.replace("numpy.core", "numpy._core")  # files pickled by numpy < 2
@@ -40,8 +44,10 @@ def find_folder(root: str | Path, files: tuple[str, ...]) -> Path:
             return folder
     folder = root / SUBFOLDER if (root / SUBFOLDER).is_dir() else root
     missing = [f for f in files if not (folder / f).is_file()]
-    raise UserError(f"CIFAR-10 not found in {folder}: missing {', '.join(missing)}; put the python-version batch "
-                    f"files (cifar-10-python.tar.gz, extracted) there or in {root / SUBFOLDER} — nothing is downloaded")
+    raise UserError(
+        f"CIFAR-10 not found in {folder}: missing {', '.join(missing)}; put the python-version batch "
+        f"files (cifar-10-python.tar.gz, extracted) there or in {root / SUBFOLDER} — nothing is downloaded"
+    )
 
 
 def load_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:

@@ -25,14 +25,17 @@ def default_data_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "asteroid" / "data"
 
 
-def get_dataset(name: str, spec: ModelSpec, root: str | Path | None = None, size: int = 2048, seed: int = 0,
-                train: bool = True) -> Dataset:
+def get_dataset(
+    name: str, spec: ModelSpec, root: str | Path | None = None, size: int = 2048, seed: int = 0, train: bool = True
+) -> Dataset:
     """The dataset `name` for `spec`. `size` and `seed` shape synthetic data; CIFAR-10 is always the full split."""
     if name == "cifar10":
         if spec.input_shape != (3, 32, 32) or spec.num_classes != 10:
-            raise UserError(f"dataset 'cifar10' needs a 3x32x32 model with 10 classes; {spec.name!r} takes "
-                            f"{spec.input_shape} with {spec.num_classes} classes: use a 32x32 model "
-                            f"(e.g. mobilenetv2) or dataset 'synthetic'")
+            raise UserError(
+                f"dataset 'cifar10' needs a 3x32x32 model with 10 classes; {spec.name!r} takes "
+                f"{spec.input_shape} with {spec.num_classes} classes: use a 32x32 model "
+                f"(e.g. mobilenetv2) or dataset 'synthetic'"
+            )
         return CIFAR10(root if root is not None else default_data_dir(), train=train)
     if name == "synthetic":
         if spec.input_dtype == "int64":

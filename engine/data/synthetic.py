@@ -21,11 +21,13 @@ class SyntheticVision(Dataset):
     the small prototypes are kept in memory, so 224x224 sets of any size are cheap.
     """
 
-    def __init__(self, n: int, shape: tuple[int, ...], num_classes: int, seed: int = 0, train: bool = True,
-                 noise: float = 1.0) -> None:
+    def __init__(
+        self, n: int, shape: tuple[int, ...], num_classes: int, seed: int = 0, train: bool = True, noise: float = 1.0
+    ) -> None:
         if n < 1 or num_classes < 2 or not shape:
-            raise UserError(f"synthetic vision data needs n >= 1, num_classes >= 2 and a shape; "
-                            f"got {n}, {num_classes}, {shape}")
+            raise UserError(
+                f"synthetic vision data needs n >= 1, num_classes >= 2 and a shape; got {n}, {num_classes}, {shape}"
+            )
         self.n, self.shape, self.noise = n, tuple(shape), noise
         task = torch.Generator().manual_seed(seed)
         low_res = (self.shape[0], 4, 4) if len(self.shape) == 3 else self.shape
@@ -59,13 +61,23 @@ class SyntheticText(Dataset):
     SUCCESSORS = 4
     REFERENCE = 1024
 
-    def __init__(self, n: int, seq_len: int, vocab_size: int, seed: int = 0, task: str = "language-modeling",
-                 num_classes: int = 2, train: bool = True) -> None:
+    def __init__(
+        self,
+        n: int,
+        seq_len: int,
+        vocab_size: int,
+        seed: int = 0,
+        task: str = "language-modeling",
+        num_classes: int = 2,
+        train: bool = True,
+    ) -> None:
         if task not in ("language-modeling", "classification"):
             raise UserError(f"unknown text task {task!r}; use 'language-modeling' or 'classification'")
         if n < 1 or seq_len < 1 or vocab_size < 2 or num_classes < 2:
-            raise UserError(f"synthetic text needs n, seq_len >= 1 and vocab_size, num_classes >= 2; "
-                            f"got {n}, {seq_len}, {vocab_size}, {num_classes}")
+            raise UserError(
+                f"synthetic text needs n, seq_len >= 1 and vocab_size, num_classes >= 2; "
+                f"got {n}, {seq_len}, {vocab_size}, {num_classes}"
+            )
         self.task, self.vocab_size = task, vocab_size
         rng = np.random.default_rng([seed, 0])
         k = min(self.SUCCESSORS, vocab_size)

@@ -50,8 +50,24 @@ def mobilenetv2_layers(num_classes: int, cifar: bool) -> list[nn.Module]:
 
 def specs() -> list[ModelSpec]:
     return [
-        ModelSpec("mobilenetv2", "cnn", "classification", (3, 32, 32), "float32", 10,
-                  "MobileNetV2 for CIFAR-10 (stride-1 stem and second stage)", lambda: mobilenetv2_layers(10, True)),
-        ModelSpec("mobilenetv2-224", "cnn", "classification", (3, 224, 224), "float32", 1000,
-                  "MobileNetV2 for ImageNet (224x224, 1000 classes)", lambda: mobilenetv2_layers(1000, False)),
+        ModelSpec(
+            "mobilenetv2",
+            "cnn",
+            "classification",
+            (3, 32, 32),
+            "float32",
+            10,
+            "MobileNetV2 for CIFAR-10 (stride-1 stem and second stage)",
+            lambda: mobilenetv2_layers(10, True),
+        ),
+        ModelSpec(
+            "mobilenetv2-224",
+            "cnn",
+            "classification",
+            (3, 224, 224),
+            "float32",
+            1000,
+            "MobileNetV2 for ImageNet (224x224, 1000 classes)",
+            lambda: mobilenetv2_layers(1000, False),
+        ),
     ]

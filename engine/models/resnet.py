@@ -18,9 +18,14 @@ class Bottleneck(nn.Module):
         super().__init__()
         cout = width * EXPANSION
         self.body = nn.Sequential(
-            nn.Conv2d(cin, width, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(),
-            nn.Conv2d(width, width, 3, stride, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(),
-            nn.Conv2d(width, cout, 1, bias=False), nn.BatchNorm2d(cout),
+            nn.Conv2d(cin, width, 1, bias=False),
+            nn.BatchNorm2d(width),
+            nn.ReLU(),
+            nn.Conv2d(width, width, 3, stride, 1, bias=False),
+            nn.BatchNorm2d(width),
+            nn.ReLU(),
+            nn.Conv2d(width, cout, 1, bias=False),
+            nn.BatchNorm2d(cout),
         )
         self.shortcut = nn.Identity()
         if stride != 1 or cin != cout:
@@ -35,8 +40,11 @@ def resnet50_layers(num_classes: int, cifar: bool) -> list[nn.Module]:
     if cifar:
         layers: list[nn.Module] = [nn.Conv2d(3, 64, 3, 1, 1, bias=False), nn.Sequential(nn.BatchNorm2d(64), nn.ReLU())]
     else:
-        layers = [nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.Sequential(nn.BatchNorm2d(64), nn.ReLU()),
-                  nn.MaxPool2d(3, 2, 1)]
+        layers = [
+            nn.Conv2d(3, 64, 7, 2, 3, bias=False),
+            nn.Sequential(nn.BatchNorm2d(64), nn.ReLU()),
+            nn.MaxPool2d(3, 2, 1),
+        ]
     cin = 64
     for width, blocks, stride in STAGES:
         for j in range(blocks):
@@ -49,8 +57,24 @@ def resnet50_layers(num_classes: int, cifar: bool) -> list[nn.Module]:
 
 def specs() -> list[ModelSpec]:
     return [
-        ModelSpec("resnet50", "cnn", "classification", (3, 32, 32), "float32", 10,
-                  "ResNet-50 for CIFAR-10 (3x3 stride-1 stem, no max-pool)", lambda: resnet50_layers(10, True)),
-        ModelSpec("resnet50-224", "cnn", "classification", (3, 224, 224), "float32", 1000,
-                  "ResNet-50 for ImageNet (224x224, 1000 classes)", lambda: resnet50_layers(1000, False)),
+        ModelSpec(
+            "resnet50",
+            "cnn",
+            "classification",
+            (3, 32, 32),
+            "float32",
+            10,
+            "ResNet-50 for CIFAR-10 (3x3 stride-1 stem, no max-pool)",
+            lambda: resnet50_layers(10, True),
+        ),
+        ModelSpec(
+            "resnet50-224",
+            "cnn",
+            "classification",
+            (3, 224, 224),
+            "float32",
+            1000,
+            "ResNet-50 for ImageNet (224x224, 1000 classes)",
+            lambda: resnet50_layers(1000, False),
+        ),
     ]

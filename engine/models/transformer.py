@@ -87,8 +87,15 @@ class Pooler(nn.Module):
         return self.classifier(torch.tanh(self.dense(x[:, 0])))  # (B, classes)
 
 
-def bert_layers(vocab: int = 8192, seq_len: int = 128, dim: int = 512, heads: int = 8, ffn: int = 2048,
-                depth: int = 4, num_classes: int = 2) -> list[nn.Module]:
+def bert_layers(
+    vocab: int = 8192,
+    seq_len: int = 128,
+    dim: int = 512,
+    heads: int = 8,
+    ffn: int = 2048,
+    depth: int = 4,
+    num_classes: int = 2,
+) -> list[nn.Module]:
     layers: list[nn.Module] = [Embedding(vocab, seq_len, dim, norm=True)]
     for _ in range(depth):
         layers += [PostNorm(dim, Attention(dim, heads, causal=False)), PostNorm(dim, mlp(dim, ffn))]
@@ -96,8 +103,9 @@ def bert_layers(vocab: int = 8192, seq_len: int = 128, dim: int = 512, heads: in
     return layers
 
 
-def gpt_layers(vocab: int = 8192, seq_len: int = 128, dim: int = 384, heads: int = 6, ffn: int = 1536,
-               depth: int = 6) -> list[nn.Module]:
+def gpt_layers(
+    vocab: int = 8192, seq_len: int = 128, dim: int = 384, heads: int = 6, ffn: int = 1536, depth: int = 6
+) -> list[nn.Module]:
     layers: list[nn.Module] = [Embedding(vocab, seq_len, dim, norm=False)]
     for _ in range(depth):
         layers += [PreNorm(dim, Attention(dim, heads, causal=True)), PreNorm(dim, mlp(dim, ffn))]
@@ -108,10 +116,26 @@ def gpt_layers(vocab: int = 8192, seq_len: int = 128, dim: int = 384, heads: int
 
 def specs() -> list[ModelSpec]:
     return [
-        ModelSpec("bert-small", "transformer", "classification", (128,), "int64", 2,
-                  "BERT-small encoder (4 layers, hidden 512, 8 heads, FFN 2048, seq 128) for 2-class "
-                  "sequence classification", bert_layers, vocab_size=8192),
-        ModelSpec("gpt-small", "transformer", "language-modeling", (128,), "int64", 8192,
-                  "GPT-style pre-LN causal decoder (6 layers, d_model 384, 6 heads, FFN 1536, seq 128)",
-                  gpt_layers, vocab_size=8192),
+        ModelSpec(
+            "bert-small",
+            "transformer",
+            "classification",
+            (128,),
+            "int64",
+            2,
+            "BERT-small encoder (4 layers, hidden 512, 8 heads, FFN 2048, seq 128) for 2-class sequence classification",
+            bert_layers,
+            vocab_size=8192,
+        ),
+        ModelSpec(
+            "gpt-small",
+            "transformer",
+            "language-modeling",
+            (128,),
+            "int64",
+            8192,
+            "GPT-style pre-LN causal decoder (6 layers, d_model 384, 6 heads, FFN 1536, seq 128)",
+            gpt_layers,
+            vocab_size=8192,
+        ),
     ]

@@ -23,17 +23,38 @@ def vgg16_layers(num_classes: int, cifar: bool) -> list[nn.Module]:
     layers.append(nn.Flatten())
     # 32x32 inputs end at 512x1x1; 224x224 inputs at 512x7x7 = 25088 features.
     features, hidden = (512, 512) if cifar else (512 * 7 * 7, 4096)
-    layers += [nn.Linear(features, hidden), nn.ReLU(), nn.Dropout(0.5),
-               nn.Linear(hidden, hidden), nn.ReLU(), nn.Dropout(0.5),
-               nn.Linear(hidden, num_classes)]
+    layers += [
+        nn.Linear(features, hidden),
+        nn.ReLU(),
+        nn.Dropout(0.5),
+        nn.Linear(hidden, hidden),
+        nn.ReLU(),
+        nn.Dropout(0.5),
+        nn.Linear(hidden, num_classes),
+    ]
     return layers
 
 
 def specs() -> list[ModelSpec]:
     return [
-        ModelSpec("vgg16", "cnn", "classification", (3, 32, 32), "float32", 10,
-                  "VGG-16 (no BatchNorm) for CIFAR-10, 512-512-10 classifier", lambda: vgg16_layers(10, True)),
-        ModelSpec("vgg16-224", "cnn", "classification", (3, 224, 224), "float32", 1000,
-                  "VGG-16 (no BatchNorm) for ImageNet, 25088-4096-4096-1000 classifier",
-                  lambda: vgg16_layers(1000, False)),
+        ModelSpec(
+            "vgg16",
+            "cnn",
+            "classification",
+            (3, 32, 32),
+            "float32",
+            10,
+            "VGG-16 (no BatchNorm) for CIFAR-10, 512-512-10 classifier",
+            lambda: vgg16_layers(10, True),
+        ),
+        ModelSpec(
+            "vgg16-224",
+            "cnn",
+            "classification",
+            (3, 224, 224),
+            "float32",
+            1000,
+            "VGG-16 (no BatchNorm) for ImageNet, 25088-4096-4096-1000 classifier",
+            lambda: vgg16_layers(1000, False),
+        ),
     ]

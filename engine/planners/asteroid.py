@@ -58,33 +58,23 @@ class _Search:
         self.L = self.w.num_layers
         self.Wp = self.w.work_prefix
         self.costs: dict = {}
-        self.groups_cache: dict = {}
         self.terms_cache: dict = {}
         self.free_costs: dict = {}
         self.moves_cache: dict = {}
-
-    def groups(self, r: tuple[int, ...]) -> list[tuple[tuple[int, ...], float, int]]:
-        """Non-empty count vectors g <= r with their speed and size, at most m devices."""
-        if r not in self.groups_cache:
-            out = []
-            for g in itertools.product(*(range(x + 1) for x in r)) if self.exact else _prefix_runs(r):
-                n = sum(g)
-                if 0 < n <= self.m:
-                    out.append((g, sum(c * s for c, s in zip(g, self.speed)), n))
-            self.groups_cache[r] = out
-        return self.groups_cache[r]
 
     def speed_of(self, r: tuple[int, ...]) -> float:
         return sum(c * s for c, s in zip(r, self.speed))
 
     def moves(self, r: tuple[int, ...]) -> list:
-        """Per group g <= r: (g, its speed, what remains, its speed, its size, g's (count, speed) pairs)."""
+        """Every group g <= r a stage may take (at most m devices, one sample each at least), as
+        (g, its speed, what remains, its speed, its size, g's (count, speed) pairs)."""
         if r not in self.moves_cache:
             out = []
-            for g, sg, _n in self.groups(r):
-                rest = tuple(a - b for a, b in zip(r, g))
-                pairs = [(c, s) for c, s in zip(g, self.speed) if c]
-                out.append((g, sg, rest, self.speed_of(rest), sum(rest), pairs))
+            for g in itertools.product(*(range(x + 1) for x in r)) if self.exact else _prefix_runs(r):
+                if 0 < sum(g) <= self.m:
+                    rest = tuple(a - b for a, b in zip(r, g))
+                    pairs = [(c, s) for c, s in zip(g, self.speed) if c]
+                    out.append((g, self.speed_of(g), rest, self.speed_of(rest), sum(rest), pairs))
             self.moves_cache[r] = out
         return self.moves_cache[r]
 
