@@ -13,16 +13,6 @@ from engine.errors import UserError
 from engine.models import get_model
 
 
-@pytest.fixture(autouse=True)
-def seed_and_one_thread():
-    # One thread: on a shared 2-core host, two OpenMP threads competing with another process run ~50x slower.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    yield
-    torch.set_num_threads(threads)
-
-
 def write_cifar(folder, per_file=4):
     """Fake CIFAR-10 in the python-pickle format: image k of a file is filled with value k, label k % 10."""
     folder.mkdir(parents=True, exist_ok=True)

@@ -20,16 +20,6 @@ EXPECTED = {
 }
 
 
-@pytest.fixture(autouse=True)
-def seed_and_one_thread():
-    # One thread: on a shared 2-core host, two OpenMP threads competing with another process run ~50x slower.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    yield
-    torch.set_num_threads(threads)
-
-
 def expected_output_shape(spec: ModelSpec, n: int) -> tuple:
     if spec.task == "language-modeling":
         return (n, spec.input_shape[0], spec.num_classes)

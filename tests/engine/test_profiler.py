@@ -14,16 +14,6 @@ from engine.profiler import LayerProfile, ModelProfile, cache_path, cached_profi
 from engine.progress import Progress
 
 
-@pytest.fixture(autouse=True)
-def seed_and_one_thread():
-    # One thread: on a shared 2-core host, two OpenMP threads competing with another process run ~50x slower.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def mobilenet_profile():
     threads = torch.get_num_threads()
