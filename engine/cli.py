@@ -99,7 +99,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     problem = Problem(w, cluster, args.batch_size)
     if args.method != "all":
         try:
-            plan = make_plan(args.method, problem)
+            plan = make_plan(args.method, problem, progress=sys.stderr.isatty())
         except NoFeasiblePlan:
             raise UserError(infeasible_message(problem, args.method)) from None
         if not plan.predicted.fits:
@@ -109,7 +109,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     results: dict[str, Plan | str] = {}
     for method in COMPARED:
         try:
-            results[method] = make_plan(method, problem)
+            results[method] = make_plan(method, problem, progress=sys.stderr.isatty())
         except NoFeasiblePlan as exc:
             if method == "asteroid":
                 raise UserError(infeasible_message(problem, method)) from None

@@ -21,9 +21,12 @@ PLANNERS: dict[str, Callable[[Problem], Plan]] = {
 COMPARED = ("asteroid", "dp", "gpipe", "pipedream", "ftpipehd")
 
 
-def make_plan(method: str, problem: Problem) -> Plan:
+def make_plan(method: str, problem: Problem, progress: bool = False) -> Plan:
+    """Plan with `method`; `progress` draws the Asteroid search's rounds on a terminal."""
     if method not in PLANNERS:
         raise UserError(f"unknown method {method!r}; known methods: {', '.join(PLANNERS)}, all")
+    if method == "asteroid":
+        return asteroid.plan(problem, progress)
     return PLANNERS[method](problem)
 
 

@@ -34,6 +34,7 @@ from engine.devices import LAYER_OVERHEAD_S
 from engine.plan import Plan, Share, Stage
 from engine.planners import baselines
 from engine.planners.common import NoFeasiblePlan, Problem, device_classes, finish
+from engine.progress import Progress
 
 SLACK = 1 + 1e-9  # float headroom on bounds, so a plan exactly at the cap is never cut
 # Past this many (remaining, group) pairs the exact search is too slow; groups are then contiguous runs
@@ -260,8 +261,8 @@ def _to_stages(search: _Search, layout: list) -> list[Stage]:
     return stages
 
 
-def plan(problem: Problem) -> Plan:
-    """The fastest plan under the cost model that fits every device's memory."""
+def plan(problem: Problem, progress: bool = False) -> Plan:
+    """The fastest plan under the cost model that fits every device's memory (`progress`: a bar per round)."""
     exact = search_size(problem.cluster) <= EXACT_LIMIT
     # Most micro-batches first: they usually win, and a plan found early tightens the bound for the rest.
     searches = [_Search(problem, M, exact) for M in reversed(problem.micro_batch_options)]
@@ -271,19 +272,22 @@ def plan(problem: Problem) -> Plan:
     # to the lower bound: a round that finds nothing is cheap, a round with a loose bound is slow.
     floor = lo = min(s.lower_bound() * s.M for s in searches)
     hi = _data_parallel_time(problem)
+    rounds = 0
     while True:
+        rounds += 1
         if math.isinf(hi):
             bound = lo * GROWTH if lo < 1e3 * floor else math.inf  # far above the floor: search everything
         elif hi / lo <= 1 + CLOSE:
             bound = hi
         else:
             bound = lo * (hi / lo) ** STEP
-        found = _round(searches, bound, relaxed=True)
+        label = f"planning, round {rounds}: iterations <= {bound:.3g} s"
+        found = _round(searches, bound, relaxed=True, label=label, progress=progress)
         if found:
             plan = finish(problem, "asteroid", found[1].M, _to_stages(found[1], found[2]))
             if plan.predicted.fits:
                 return plan  # the relaxation's optimum is feasible, so it is the optimum
-            found = _round(searches, bound, relaxed=False)
+            found = _round(searches, bound, relaxed=False, label=label + " (full memory)", progress=progress)
             if found:
                 return finish(problem, "asteroid", found[1].M, _to_stages(found[1], found[2]))
         if bound >= hi:
@@ -294,13 +298,15 @@ def plan(problem: Problem) -> Plan:
         lo = bound
 
 
-def _round(searches: list[_Search], bound: float, relaxed: bool):
+def _round(searches: list[_Search], bound: float, relaxed: bool, label: str, progress: bool):
     """Best (time, search, layout) over every micro-batch count with time <= bound, or None."""
     best = None
-    for search in searches:
-        found = search.run((best[0] if best else bound) / search.M, relaxed)
-        if found and (best is None or found[0] < best[0]):
-            best = (found[0], search, found[1])
+    with Progress(len(searches), label, enabled=progress) as bar:
+        for search in searches:
+            found = search.run((best[0] if best else bound) / search.M, relaxed)
+            if found and (best is None or found[0] < best[0]):
+                best = (found[0], search, found[1])
+            bar.update(note=f"{search.M} micro-batches")
     return best
 
 
