@@ -29,7 +29,7 @@ import itertools
 import math
 from bisect import bisect_left, bisect_right
 
-from engine.costmodel import StageTerms, allocate, allreduce_s, stage_terms
+from engine.costmodel import allocate, allreduce_s, stage_terms
 from engine.devices import LAYER_OVERHEAD_S
 from engine.plan import Plan, Share, Stage
 from engine.planners import baselines
@@ -85,46 +85,65 @@ class _Search:
             self.terms_cache[key] = stage_terms(self.w, self.cluster, self.classes[k][0], i, j, in_flight)
         return self.terms_cache[key]
 
-    def stage_cost(self, i: int, j: int, g: tuple[int, ...], in_flight: int):
-        """(time, all-reduce, shares per class) of layers [i, j) on group g, or None if it cannot fit."""
+    def stage_cost(self, i: int, j: int, g: tuple[int, ...], in_flight: int) -> tuple[float, float] | None:
+        """(time, all-reduce) of layers [i, j) on group g at its best split, or None if it cannot fit."""
         # in_flight only changes the memory caps: while the split that ignores memory fits them, it is
         # the optimum, whatever the stage's position. Keep it with the most in-flight micro-batches it fits.
         free = self.free_costs.get((i, j, g))
         if free is None:
             free = self.free_costs[(i, j, g)] = self._memory_free(i, j, g)
-        cost, most = free
-        if in_flight <= most:
-            return cost
+        if in_flight <= free[1]:
+            return free[0]
         key = (i, j, g, in_flight)
         if key not in self.costs:
-            ks = [k for k, c in enumerate(g) if c]
-            self.costs[key] = self._finish(i, j, g, ks, [self.terms(k, i, j, in_flight) for k in ks])
+            found = self.split(i, j, g, in_flight)
+            self.costs[key] = None if found is None else found[:2]
         return self.costs[key]
 
-    def _memory_free(self, i: int, j: int, g: tuple[int, ...]) -> tuple:
-        """(cost of the split ignoring memory, largest in_flight at which every device still fits it)."""
+    def split(self, i: int, j: int, g: tuple[int, ...], in_flight: int):
+        """(time, all-reduce, per-class shares) of the best memory-capped split (`costmodel.allocate`)."""
         ks = [k for k, c in enumerate(g) if c]
-        terms = [self.terms(k, i, j, 1) for k in ks]
-        cost = self._finish(i, j, g, ks, [StageTerms(t.fixed, t.per_sample, self.m) for t in terms])
-        if cost is None:
-            return None, 1 << 30
-        w = self.w
+        res = allocate([self.terms(k, i, j, in_flight) for k in ks], [g[k] for k in ks], self.m)
+        if res is None:
+            return None
+        return res[0], allreduce_s(self.w, self.cluster, i, j, sum(g)), dict(zip(ks, res[1]))
+
+    def _memory_free(self, i: int, j: int, g: tuple[int, ...]) -> tuple:
+        """((time, all-reduce) of the best split ignoring memory, the most in-flight micro-batches at which
+        every device still fits it).
+
+        With identical devices per class the optimum has a closed form: every device's time is fixed +
+        n * c_k, so the stage time is fixed + t for the least t on some class's grid q * c_k with
+        sum_k count_k * floor(t / c_k) >= m, at least one sample per device. t lies between the
+        fractional water level and that plus one sample of the slowest class; the same products as
+        `costmodel.allocate`'s, so the times agree exactly.
+        """
+        w, m = self.w, self.m
+        a_in, a_out = w.boundary_bytes(i, j)
+        fixed = 2 * (j - i) * LAYER_OVERHEAD_S + 2 * ((i > 0) + (j < self.L)) * self.cluster.latency_s
+        work, comm = w.work(i, j), (a_in + a_out) / self.cluster.bytes_per_s
+        per = [(k, g[k], max(work / self.speed[k] + comm, 1e-15)) for k in range(len(g)) if g[k]]
+        lowest = max(m / sum(n / c for _k, n, c in per), max(c for _k, _n, c in per))
+        best = math.inf
+        for _k, _n, c in per:
+            q = max(1, math.ceil(lowest / c - 1e-9))
+            while q * c < best:
+                t = q * c
+                if sum(n * min(m, math.floor(t / c2 + 1e-9)) for _k2, n, c2 in per) >= m:
+                    best = t
+                    break
+                q += 1
+        cost = (fixed + best, allreduce_s(w, self.cluster, i, j, sum(g)))
         static, saved, peak = w.static_bytes(i, j), w.saved(i, j), w.peak(i, j)
         most = 1 << 30
-        for k in ks:
-            n = max(cost[2][k])
+        for k, _n, c in per:
+            n = min(m, math.floor(best / c + 1e-9))  # no device of the class holds more than this
             spare = self.classes[k][0].memory_bytes - static - n * peak
             if spare < 0:
                 return cost, 0
             if saved:
                 most = min(most, spare // (n * saved))
         return cost, most
-
-    def _finish(self, i, j, g, ks, terms):
-        res = allocate(terms, [g[k] for k in ks], self.m)
-        if res is None:
-            return None
-        return (res[0], allreduce_s(self.w, self.cluster, i, j, sum(g)), dict(zip(ks, res[1])))
 
     def run(self, cap: float, relaxed: bool = False) -> tuple[float, list] | None:
         """Best plan with iteration time <= M * cap: (time, [(i, j, g, shares)]) or None.
@@ -204,7 +223,7 @@ class _Search:
         stages, i, r = [], 0, full
         while True:
             _U, _S, _A, j, g, nxt = memo[(i, r, k)][idx]
-            stages.append((i, j, g, self.stage_cost(i, j, g, min(k, M) if k else 1)[2]))
+            stages.append((i, j, g, self.split(i, j, g, min(k, M) if k else 1)[2]))
             if nxt < 0:
                 return t, stages
             i, r, k, idx = j, tuple(a - b for a, b in zip(r, g)), (k - 1 if k else 0), nxt
