@@ -18,9 +18,18 @@ class StepEvent:
     start: float  # seconds from the start of the iteration (or run)
     end: float
     peer: str = ""  # the other device of a send/recv
+    iteration: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def to_message(self) -> dict:
+        """The event as a message of the event stream: its fields plus `"type": "step"`."""
+        return {"type": "step", **asdict(self)}
+
+    @classmethod
+    def from_message(cls, doc: dict) -> StepEvent:
+        return cls(**{k: v for k, v in doc.items() if k != "type"})
 
 
 def chrome_trace(events: list[StepEvent], devices: list[str], name: str = "asteroid") -> dict:

@@ -1,21 +1,22 @@
 """Discrete-event simulation of one 1F1B iteration of a plan: per-device timeline, iteration time, bubble.
 
-Step durations come from the cost model's terms (forward, backward, transfers, all-reduce). Each device
-runs its stage's 1F1B action list in order on its own slice of every micro-batch. A forward waits for
-every input slice from the previous stage, a backward for every gradient slice from the next; after a
-step the device sends each neighbour exactly the intersection of their two sample ranges (blocking:
-the device is busy while it sends). After its last backward a stage all-reduces its gradients.
+Step durations come from engine.steps (the cost model's terms: forward, backward, transfers, all-reduce),
+the same numbers the emulated runtime pads to. Each device runs its stage's 1F1B action list in order on
+its own slice of every micro-batch. A forward waits for every input slice from the previous stage, a
+backward for every gradient slice from the next; after a step the device sends each neighbour exactly the
+intersection of their two sample ranges (blocking: the device is busy while it sends). After its last
+backward a stage all-reduces its gradients.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.costmodel import Workload, allreduce_s, score
-from engine.devices import LAYER_OVERHEAD_S
+from engine.costmodel import Workload, score
 from engine.events import StepEvent
 from engine.plan import Plan
 from engine.schedule import one_f_one_b
+from engine.steps import device_steps
 
 
 @dataclass(frozen=True)
@@ -44,50 +45,25 @@ class Simulation:
         return doc
 
 
-def _ranges(stage) -> list[tuple[str, int, int]]:
-    """Each device's contiguous slice [lo, hi) of the micro-batch's samples."""
-    out, lo = [], 0
-    for s in stage.devices:
-        out.append((s.name, lo, lo + s.samples))
-        lo += s.samples
-    return out
-
-
-def _overlaps(mine: tuple[str, int, int], theirs: list[tuple[str, int, int]]) -> list[tuple[str, int]]:
-    _, lo, hi = mine
-    return [(name, min(hi, b) - max(lo, a)) for name, a, b in theirs if min(hi, b) > max(lo, a)]
-
-
 def simulate(plan: Plan, w: Workload) -> Simulation:
     prediction = score(plan, w)  # validates the plan and gives memory and the closed form
-    cluster, M, S = plan.cluster, plan.micro_batches, len(plan.stages)
+    M, S = plan.micro_batches, len(plan.stages)
     schedule = one_f_one_b(S, M)
-    ranges = [_ranges(st) for st in plan.stages]
-    # Per device: its stage, slice, step durations, and the transfers after F and after B.
-    info = {}
-    for s, st in enumerate(plan.stages):
-        a_in, a_out = w.boundary_bytes(st.start, st.end)
-        layers = st.end - st.start
-        for mine in ranges[s]:
-            name, lo, hi = mine
-            dev, n = cluster.device(name), hi - lo
-            send_f = _overlaps(mine, ranges[s + 1]) if s + 1 < S else []
-            send_b = _overlaps(mine, ranges[s - 1]) if s > 0 else []
-            info[name] = {
-                "stage": s,
-                "F": layers * LAYER_OVERHEAD_S + n * w.forward(st.start, st.end) / dev.flops_per_s,
-                "B": layers * LAYER_OVERHEAD_S + n * w.backward(st.start, st.end) / dev.flops_per_s,
-                "send_F": [(peer, cluster.latency_s + x * a_out / cluster.bytes_per_s) for peer, x in send_f],
-                "send_B": [(peer, cluster.latency_s + x * a_in / cluster.bytes_per_s) for peer, x in send_b],
-            }
-    # arrival[(receiver, kind, mb)] = times the slices arrived; complete when every sender delivered.
+    steps = device_steps(plan, w)
+    info = {
+        name: {
+            "stage": d.stage,
+            "F": d.forward_s,
+            "B": d.backward_s,
+            "send_F": [(t.peer, t.seconds) for t in d.send_forward],
+            "send_B": [(t.peer, t.seconds) for t in d.send_backward],
+        }
+        for name, d in steps.items()
+    }
     expected = {}
-    for name, d in info.items():
-        s = d["stage"]
-        expected[(name, "F")] = len(_overlaps(next(r for r in ranges[s] if r[0] == name), ranges[s - 1])) if s else 0
-        expected[(name, "B")] = (
-            len(_overlaps(next(r for r in ranges[s] if r[0] == name), ranges[s + 1])) if s + 1 < S else 0
-        )
+    for name, d in steps.items():
+        expected[(name, "F")] = len(d.recv_forward)
+        expected[(name, "B")] = len(d.recv_backward)
     arrivals: dict[tuple[str, str, int], list[float]] = {}
     clock = {name: 0.0 for name in info}
     position = {name: 0 for name in info}
@@ -126,7 +102,7 @@ def simulate(plan: Plan, w: Workload) -> Simulation:
             raise RuntimeError("simulator deadlock: the schedule's dependencies cannot be met")
     for s, st in enumerate(plan.stages):
         names = [x.name for x in st.devices]
-        ar = allreduce_s(w, cluster, st.start, st.end, len(names))
+        ar = steps[names[0]].allreduce_s
         if ar > 0:
             start = max(clock[n] for n in names)
             for n in names:

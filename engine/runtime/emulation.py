@@ -1,0 +1,138 @@
+"""Time-dilated emulation of an edge device on the host: padded compute, shaped links, late steps, memory budget.
+
+A device step that takes `d` seconds on the real board is padded to `dilation * d` wall seconds on the
+host; a step whose real compute already took longer is "late" (the host was too slow to emulate it
+honestly) and is counted. Links are shaped the same way: a transfer that takes `t` device seconds keeps
+the sender busy `dilation * t` wall seconds and the receiver may not use the data before then. Device
+time is wall time divided by the dilation. Without a dilation (a real board) nothing is padded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterator
+
+import torch
+
+from engine.devices import GIB
+from engine.errors import UserError
+
+# Headroom over the measured host/device speed ratio when the dilation is calibrated automatically.
+SAFETY = 1.5
+
+
+def now() -> float:
+    """Wall clock shared by every process of the host (CLOCK_MONOTONIC)."""
+    return time.monotonic()
+
+
+class Clock:
+    """Turns device seconds into wall seconds and pads steps; counts late steps."""
+
+    def __init__(self, dilation: float | None):
+        if dilation is not None and not dilation > 0:
+            raise UserError(f"dilation must be positive, got {dilation}")
+        self.dilation = dilation
+        self.late = 0
+        self.steps = 0
+        self.overrun_s = 0.0  # wall seconds late steps ran past their targets
+
+    @property
+    def emulated(self) -> bool:
+        return self.dilation is not None
+
+    def wall(self, device_s: float) -> float:
+        return device_s * self.dilation if self.dilation is not None else 0.0
+
+    def device(self, wall_s: float) -> float:
+        return wall_s / self.dilation if self.dilation is not None else wall_s
+
+    def pad(self, start: float, device_s: float, compute: bool = True) -> float:
+        """Wait until `start + dilation * device_s`; a compute step that is already past it is late."""
+        if compute:
+            self.steps += 1
+        if self.dilation is None:
+            return now()
+        target = start + self.dilation * device_s
+        t = now()
+        if t > target:
+            if compute:
+                self.late += 1
+                self.overrun_s += t - target
+            return t
+        time.sleep(target - t)
+        return target
+
+    def wait_until(self, wall_time: float) -> float:
+        t = now()
+        if self.dilation is not None and wall_time > t:
+            time.sleep(wall_time - t)
+            return wall_time
+        return t
+
+
+def host_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def auto_dilation(ratio: float) -> float:
+    """A dilation for a measured worst host/device time ratio (measured with every device busy at once)."""
+    return max(1.0, ratio * SAFETY)
+
+
+class DeviceOutOfMemory(UserError):
+    """An emulated device held more bytes than its budget."""
+
+
+class MemoryMeter:
+    """Counts the bytes a device really holds: weights, gradients, optimizer state and, per micro-batch in
+    flight, the tensors autograd saved for the backward pass (each storage once, weights excluded)."""
+
+    def __init__(self, device: str, budget: int | None, params: list[torch.Tensor], optimizer_states: int):
+        self.device = device
+        self.budget = budget
+        self.static = sum(p.numel() * p.element_size() for p in params) * (2 + optimizer_states)
+        self._params = {p.untyped_storage().data_ptr() for p in params}
+        self._held: dict[int, int] = {}
+        self.peak = self.static
+        self._check()
+
+    @property
+    def current(self) -> int:
+        return self.static + sum(self._held.values())
+
+    @contextlib.contextmanager
+    def forward(self, micro_batch: int) -> Iterator[None]:
+        """Count what autograd saves while the block runs the forward of `micro_batch`."""
+        seen: set[int] = set()
+        self._held[micro_batch] = 0
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            storage = t.untyped_storage()
+            ptr = storage.data_ptr()
+            if ptr not in self._params and ptr not in seen:
+                seen.add(ptr)
+                self._held[micro_batch] += storage.nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            yield
+        self._check()
+
+    def release(self, micro_batch: int) -> None:
+        self._held.pop(micro_batch, None)
+
+    def _check(self) -> None:
+        used = self.current
+        self.peak = max(self.peak, used)
+        if self.budget is not None and used > self.budget:
+            raise DeviceOutOfMemory(
+                f"device {self.device} ran out of memory: it holds {used / GIB:.2f} GiB "
+                f"({len(self._held)} micro-batch(es) in flight) but has {self.budget / GIB:.2f} GiB; "
+                "plan with a smaller batch size or more devices"
+            )

@@ -1,0 +1,96 @@
+"""Per-device step durations of a plan in device seconds, shared by the simulator and the emulated runtime.
+
+Device i of a stage holds the contiguous slice [lo, hi) of every micro-batch's samples (by its share);
+it sends device j of the next stage exactly the intersection of their two slices, and gets the
+gradients of that intersection back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.costmodel import Workload, allreduce_s
+from engine.devices import LAYER_OVERHEAD_S
+from engine.plan import Plan, Stage
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """A slice [lo, hi) of the micro-batch exchanged with `peer`, and its duration in device seconds."""
+
+    peer: str
+    lo: int
+    hi: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class DeviceSteps:
+    """What one device does per micro-batch, and how long each step takes on the real device."""
+
+    name: str
+    stage: int
+    lo: int  # this device's slice [lo, hi) of each micro-batch
+    hi: int
+    forward_s: float
+    backward_s: float
+    send_forward: tuple[Transfer, ...]  # activations to the next stage, after each F
+    send_backward: tuple[Transfer, ...]  # input gradients to the previous stage, after each B
+    recv_forward: tuple[Transfer, ...]  # activation slices from the previous stage, before each F
+    recv_backward: tuple[Transfer, ...]  # gradient slices from the next stage, before each B
+    allreduce_s: float  # the stage's gradient all-reduce, once per iteration (0 for a one-device stage)
+
+    @property
+    def samples(self) -> int:
+        return self.hi - self.lo
+
+
+def slices(stage: Stage) -> list[tuple[str, int, int]]:
+    """Each device's contiguous slice [lo, hi) of the micro-batch's samples, in the stage's order."""
+    out, lo = [], 0
+    for s in stage.devices:
+        out.append((s.name, lo, lo + s.samples))
+        lo += s.samples
+    return out
+
+
+def overlaps(lo: int, hi: int, theirs: list[tuple[str, int, int]]) -> list[tuple[str, int, int]]:
+    """The devices of `theirs` whose slice meets [lo, hi), with the common part."""
+    return [(name, max(lo, a), min(hi, b)) for name, a, b in theirs if min(hi, b) > max(lo, a)]
+
+
+def device_steps(plan: Plan, w: Workload) -> dict[str, DeviceSteps]:
+    """Every device's steps, by name, in plan order."""
+    cluster, S = plan.cluster, len(plan.stages)
+    ranges = [slices(st) for st in plan.stages]
+    out = {}
+    for s, st in enumerate(plan.stages):
+        a_in, a_out = w.boundary_bytes(st.start, st.end)
+        layers = st.end - st.start
+        reduce = allreduce_s(w, cluster, st.start, st.end, len(st.devices))
+
+        def moves(lo: int, hi: int, other: int, nbytes: int) -> tuple[Transfer, ...]:
+            if not 0 <= other < S:
+                return ()
+            return tuple(
+                Transfer(peer, a, b, cluster.latency_s + (b - a) * nbytes / cluster.bytes_per_s)
+                for peer, a, b in overlaps(lo, hi, ranges[other])
+            )
+
+        for name, lo, hi in ranges[s]:
+            dev, n = cluster.device(name), hi - lo
+            out[name] = DeviceSteps(
+                name=name,
+                stage=s,
+                lo=lo,
+                hi=hi,
+                forward_s=layers * LAYER_OVERHEAD_S + n * w.forward(st.start, st.end) / dev.flops_per_s,
+                backward_s=layers * LAYER_OVERHEAD_S + n * w.backward(st.start, st.end) / dev.flops_per_s,
+                send_forward=moves(lo, hi, s + 1, a_out),
+                send_backward=moves(lo, hi, s - 1, a_in),
+                recv_forward=moves(lo, hi, s - 1, a_in),
+                recv_backward=moves(lo, hi, s + 1, a_out),
+                allreduce_s=reduce,
+            )
+    return out
+
