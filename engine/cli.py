@@ -1,8 +1,9 @@
-"""Command line: `python -m engine plan | simulate | bench | models` (contracts in DESIGN.md).
+"""Command line: `python -m engine plan | simulate | train | bench | models` (contracts in DESIGN.md).
 
 python -m engine plan --model mobilenetv2 --cluster C --batch-size 128 --method all
 python -m engine plan --model resnet50 --cluster my-lab.json --batch-size 64 --json > plan.json
 python -m engine simulate --plan plan.json --trace trace.json
+python -m engine train --model mobilenetv2 --cluster C --emulate --iterations 20
 python -m engine bench planner
 """
 
@@ -66,6 +67,34 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--trace", help="write a Chrome-trace file (open in Perfetto or chrome://tracing)")
     s.add_argument("--json", action="store_true", help="print the result as JSON")
 
+    t = sub.add_parser(
+        "train",
+        help="train with one process per device: the whole cluster emulated here, or one device of a real run",
+        description="Local run: --model and --cluster (planned with --method) or --plan, usually with --emulate. "
+        "One device of a distributed run: --plan, --rank and --rendezvous (rank 0 hosts the rendezvous store).",
+    )
+    t.add_argument("--model", help="a model of the zoo")
+    t.add_argument("--cluster", help="A, B, C, D or a cluster JSON file")
+    t.add_argument("--batch-size", type=_positive_int, default=64, help="global batch size (default 64)")
+    t.add_argument("--method", default="asteroid", choices=list(PLANNERS), help="planner (default asteroid)")
+    t.add_argument("--bandwidth-mbps", type=_positive_float, help="override the cluster's link bandwidth")
+    t.add_argument("--plan", help="train this plan file instead of planning")
+    t.add_argument("--emulate", action="store_true", help="emulate the plan's devices here (time dilation)")
+    t.add_argument("--dilation", type=_positive_float, help="wall seconds per device second (default: calibrated)")
+    t.add_argument("--iterations", type=_positive_int, default=10, help="optimizer steps (default 10)")
+    t.add_argument("--lr", type=_positive_float, default=0.05, help="SGD learning rate (default 0.05)")
+    t.add_argument("--dataset", default="synthetic", help="synthetic (default) or cifar10 (from --data-dir)")
+    t.add_argument("--data-dir", help="folder with the dataset files (default $ASTEROID_DATA_DIR)")
+    t.add_argument("--seed", type=int, default=0, help="seed of the weights and the batch order")
+    t.add_argument("--timeout", type=_positive_float, default=30.0, help="seconds before a silent device is dead")
+    t.add_argument("--save", help="write the trained model as one state_dict (torch.save) to this file")
+    t.add_argument("--events", help="append every event as a JSON line to this file")
+    t.add_argument("--trace", help="write a Chrome trace: the last iteration measured, above the simulated one")
+    t.add_argument("--json", action="store_true", help="print the summary as one JSON document")
+    t.add_argument("--rank", type=int, help="this device's rank in the plan's device order (distributed run)")
+    t.add_argument("--rendezvous", help="HOST:PORT of the rendezvous store (distributed run)")
+    t.add_argument("--generation", type=int, default=0, help="rendezvous generation (a new one per re-plan)")
+
     b = sub.add_parser("bench", help="run a benchmark and print its tables")
     b.add_argument("name", choices=["planner"], help="planner: planning time and predicted throughput")
     b.add_argument("--quick", action="store_true", help="a small grid, for a fast look")
@@ -79,9 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return {"plan": cmd_plan, "simulate": cmd_simulate, "bench": cmd_bench, "models": cmd_models}[args.command](
-            args
-        )
+        commands = {"plan": cmd_plan, "simulate": cmd_simulate, "train": cmd_train, "bench": cmd_bench}
+        return {**commands, "models": cmd_models}[args.command](args)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -179,6 +207,146 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     print(json.dumps(sim.to_dict(), indent=2) if args.json else simulation_table(plan, sim))
     if args.trace and not args.json:
         print(f"trace written to {args.trace} (open it in https://ui.perfetto.dev or chrome://tracing)")
+    return 0
+
+
+def _read_plan(arg: str) -> Plan:
+    path = Path(arg)
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"plan file {arg} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"cannot read plan file {arg}: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise UserError(f"plan file {arg} is not valid JSON: {exc}") from None
+    return Plan.from_dict(doc)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from engine.events import StepEvent, chrome_trace, side_by_side
+    from engine.report import iteration_line, run_summary
+    from engine.runtime.launcher import RunOptions, save_events, train
+    from engine.workloads import workload
+
+    if (args.rank is None) != (args.rendezvous is None):
+        raise UserError("a distributed run needs both --rank and --rendezvous")
+    if args.plan:
+        if args.model or args.cluster:
+            raise UserError("give either --plan or --model/--cluster, not both")
+        plan = _read_plan(args.plan)
+        w = workload(plan.model)
+    else:
+        if not (args.model and args.cluster):
+            raise UserError("train needs --model and --cluster (or --plan)")
+        if args.rank is not None:
+            raise UserError("a distributed run trains a plan file: pass --plan (every device the same)")
+        cluster = load_cluster(args.cluster, args.bandwidth_mbps)
+        w = workload(args.model)
+        problem = Problem(w, cluster, args.batch_size)
+        try:
+            plan = make_plan(args.method, problem, progress=sys.stderr.isatty())
+        except NoFeasiblePlan:
+            raise UserError(infeasible_message(problem, args.method)) from None
+        if not plan.predicted.fits:
+            raise UserError(infeasible_message(problem, args.method))
+    plan.validate(w.num_layers)
+    options = RunOptions(
+        iterations=args.iterations,
+        lr=args.lr,
+        seed=args.seed,
+        dataset=args.dataset,
+        data_dir=args.data_dir,
+        emulate=args.emulate,
+        dilation=args.dilation,
+        timeout_s=args.timeout,
+        save_model=bool(args.save),
+        generation=args.generation,
+    )
+    if args.rank is not None:
+        return _train_one_device(args, plan, w, options)
+    writers = [save_events(args.events)] if args.events else []
+    tty = sys.stderr.isatty() and not args.json
+    if not args.json and not tty:
+        writers.append(lambda ev: ev["type"] == "iteration" and print(iteration_line(ev, args.iterations), flush=True))
+    result = train(plan, w, options, on_event=lambda ev: [f(ev) for f in writers], progress=tty)
+    if args.save:
+        import torch
+
+        try:
+            torch.save(result.state_dict, args.save)
+        except OSError as exc:
+            raise UserError(f"cannot write model {args.save}: {exc}") from None
+    if args.trace:
+        from engine.simulator import simulate
+
+        last = result.iterations[-1]["iteration"]
+        begin = result.iterations[-2]["time"] if len(result.iterations) > 1 else 0.0
+        measured = [
+            StepEvent(e.device, e.stage, e.micro_batch, e.kind, e.start - begin, e.end - begin, e.peer, e.iteration)
+            for e in result.events
+            if e.iteration == last
+        ]
+        names = plan.device_names
+        sim = simulate(plan, w)
+        trace = side_by_side(
+            [
+                chrome_trace(measured, names, f"measured: iteration {last + 1} of {plan.method} {plan.model}", 0),
+                chrome_trace(list(sim.events), names, "simulated (cost model)", 1),
+            ]
+        )
+        try:
+            Path(args.trace).write_text(json.dumps(trace))
+        except OSError as exc:
+            raise UserError(f"cannot write trace {args.trace}: {exc}") from None
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        print(run_summary(result))
+        for what, path in (("model", args.save), ("events", args.events), ("trace", args.trace)):
+            if path:
+                print(f"{what} written to {path}")
+    return 0
+
+
+def _train_one_device(args: argparse.Namespace, plan: Plan, w, options) -> int:
+    """One device of a distributed run: this process is rank `--rank`; rank 0 hosts the store."""
+    from dataclasses import replace
+
+    from engine.report import iteration_line
+    from engine.runtime.launcher import save_events
+    from engine.runtime.worker import DeviceConfig, run_device
+    from engine.steps import device_steps
+
+    names = plan.device_names
+    if not 0 <= args.rank < len(names):
+        raise UserError(f"--rank must be between 0 and {len(names) - 1} for this plan, got {args.rank}")
+    host, _, port = args.rendezvous.rpartition(":")
+    if not host or not port.isdigit():
+        raise UserError(f"--rendezvous must be HOST:PORT, got {args.rendezvous!r}")
+    name = names[args.rank]
+    cfg = DeviceConfig(plan=plan, steps=device_steps(plan, w)[name], rank=args.rank, host=host, port=int(port))
+    cfg = replace(
+        cfg,
+        serve_store=args.rank == 0,
+        **{k: getattr(options, k) for k in ("generation", "iterations", "lr", "seed", "dataset", "data_dir")},
+        **{k: getattr(options, k) for k in ("emulate", "dilation", "timeout_s")},
+    )
+    write = save_events(args.events) if args.events else None
+    errors: list[str] = []
+
+    def emit(ev: dict) -> None:
+        if write:
+            write(ev)
+        if ev["type"] == "iteration" and not args.json:
+            print(iteration_line(ev, args.iterations), flush=True)
+        elif ev["type"] == "device-error":
+            errors.append(ev["message"])
+        elif ev["type"] == "device-done" and args.json:
+            print(json.dumps({k: v for k, v in ev.items() if k != "state_dict"}))
+
+    if run_device(cfg, emit):
+        raise UserError(f"device {name} stopped: {errors[0] if errors else 'unknown error'}")
     return 0
 
 

@@ -1,4 +1,11 @@
-"""Timeline events, one plain-data form for the simulator, the runtime and the dashboard; Chrome-trace export."""
+"""Timeline events, one plain-data form for the simulator, the runtime and the dashboard; Chrome-trace export.
+
+The runtime's event stream is a sequence of JSON-ready dicts, each with a `type`:
+`run-start` (plan, iterations), `device-start` (device, rank, stage, dilation), `step` (a StepEvent),
+`iteration` (iteration, loss, iteration_s, throughput, late_steps, steps, time), `device-done`
+(device, late_steps, steps, peak_memory_bytes), `device-error` (device, iteration, message, cause) and
+`run-stop` (status; device, iteration and message when it failed). Times are device seconds.
+"""
 
 from __future__ import annotations
 
@@ -32,11 +39,11 @@ class StepEvent:
         return cls(**{k: v for k, v in doc.items() if k != "type"})
 
 
-def chrome_trace(events: list[StepEvent], devices: list[str], name: str = "asteroid") -> dict:
+def chrome_trace(events: list[StepEvent], devices: list[str], name: str = "asteroid", pid: int = 0) -> dict:
     """A Chrome-trace document (chrome://tracing, Perfetto): one row per device, times in microseconds."""
     tid = {d: k for k, d in enumerate(devices)}
-    trace = [{"name": "process_name", "ph": "M", "pid": 0, "args": {"name": name}}]
-    trace += [{"name": "thread_name", "ph": "M", "pid": 0, "tid": t, "args": {"name": d}} for d, t in tid.items()]
+    trace = [{"name": "process_name", "ph": "M", "pid": pid, "args": {"name": name}}]
+    trace += [{"name": "thread_name", "ph": "M", "pid": pid, "tid": t, "args": {"name": d}} for d, t in tid.items()]
     for e in events:
         label = e.kind if e.micro_batch < 0 else f"{e.kind}{e.micro_batch}"
         trace.append(
@@ -44,7 +51,7 @@ def chrome_trace(events: list[StepEvent], devices: list[str], name: str = "aster
                 "name": label if not e.peer else f"{label}->{e.peer}" if e.kind == "send" else f"{label}<-{e.peer}",
                 "cat": e.kind,
                 "ph": "X",
-                "pid": 0,
+                "pid": pid,
                 "tid": tid[e.device],
                 "ts": e.start * 1e6,
                 "dur": (e.end - e.start) * 1e6,
@@ -52,3 +59,8 @@ def chrome_trace(events: list[StepEvent], devices: list[str], name: str = "aster
             }
         )
     return {"traceEvents": trace, "displayTimeUnit": "ms"}
+
+
+def side_by_side(traces: list[dict]) -> dict:
+    """Several Chrome traces (each made with its own `pid`) in one document, shown one above the other."""
+    return {"traceEvents": [e for t in traces for e in t["traceEvents"]], "displayTimeUnit": "ms"}

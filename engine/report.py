@@ -123,3 +123,42 @@ def simulation_table(plan: Plan, sim: Simulation) -> str:
             f"{'fits in memory' if sim.fits else 'DOES NOT FIT in memory'}",
         ]
     )
+
+
+def iteration_line(ev: dict, total: int) -> str:
+    """One line per trained iteration."""
+    return (
+        f"iteration {ev['iteration'] + 1}/{total}  loss {ev['loss']:.4f}  "
+        f"{ev['throughput']:.1f} samples/s  ({ev['iteration_s'] * 1000:.1f} ms, device time)"
+    )
+
+
+def run_summary(result) -> str:
+    """Measured against predicted, per-device memory and late steps of a finished run (a RunResult)."""
+    plan = result.plan
+    measured, predicted = result.measured_iteration_s, result.predicted_iteration_s
+    lines = [
+        f"{plan.method} plan for {plan.model}, batch {plan.batch_size}, {shape(plan)}",
+        f"throughput   measured {result.throughput:.1f} samples/s, predicted {plan.batch_size / predicted:.1f} "
+        f"({measured / predicted:.3f}x the predicted iteration time)",
+        f"iteration    measured {measured * 1000:.2f} ms, predicted {predicted * 1000:.2f} ms, "
+        f"simulated {result.simulated_iteration_s * 1000:.2f} ms (device time)",
+        f"loss         {result.loss[0]:.4f} -> {result.loss[-1]:.4f} over {len(result.loss)} iteration(s)",
+    ]
+    if result.dilation is not None:
+        lines.append(
+            f"emulation    dilation {result.dilation:.1f} (wall seconds per device second), "
+            f"{result.late_steps} late of {result.steps} steps, {result.wall_s:.1f} s wall"
+        )
+    rows = []
+    for name in plan.device_names:
+        d = result.devices.get(name, {})
+        cap = plan.cluster.device(name).memory_bytes
+        rows.append([name, gib(d.get("peak_memory_bytes", 0)), gib(cap), str(d.get("late_steps", 0))])
+    lines += ["", _table(["device", "peak memory", "budget", "late steps"], rows)]
+    if result.steps and result.late_steps > 0.05 * result.steps:
+        lines.append(
+            f"warning: {result.late_steps} of {result.steps} steps ran late: the host could not keep up; "
+            f"repeat with a larger --dilation (e.g. {2 * (result.dilation or 1):.0f}) for an honest emulation"
+        )
+    return "\n".join(lines)
