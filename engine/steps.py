@@ -93,4 +93,3 @@ def device_steps(plan: Plan, w: Workload) -> dict[str, DeviceSteps]:
                 allreduce_s=reduce,
             )
     return out
-

@@ -92,7 +92,9 @@ class RunResult:
     @property
     def measured_iteration_s(self) -> float:
         """Median device-time iteration, leaving out the first (warm-up) when there are three or more."""
-        times = sorted(it["iteration_s"] for it in (self.iterations[1:] if len(self.iterations) >= 3 else self.iterations))
+        times = sorted(
+            it["iteration_s"] for it in (self.iterations[1:] if len(self.iterations) >= 3 else self.iterations)
+        )
         mid = len(times) // 2
         return times[mid] if len(times) % 2 else (times[mid - 1] + times[mid]) / 2
 
@@ -279,11 +281,17 @@ class _Collected:
             return _failure(name, running, f"device {name} (rank {names.index(name)}) {why} during iteration {running}")
         if self.stalled:
             waiting = ", ".join(n for n in names if n not in self.done)
-            return _failure(waiting, running, f"run stalled in iteration {running}: no device reported anything "
-                            f"for the timeout; still running: {waiting}")
+            return _failure(
+                waiting,
+                running,
+                f"run stalled in iteration {running}: no device reported anything "
+                f"for the timeout; still running: {waiting}",
+            )
         missing = [n for n in names if n not in self.done]
         if missing:
-            return _failure(missing[0], running, f"device {missing[0]} stopped during iteration {running} without a report")
+            return _failure(
+                missing[0], running, f"device {missing[0]} stopped during iteration {running} without a report"
+            )
         return None
 
 

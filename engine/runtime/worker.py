@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -106,7 +107,7 @@ class _Device:
     def __init__(self, cfg: DeviceConfig, emit: Emit):
         self.cfg, self.emit = cfg, emit
         plan, st = cfg.plan, cfg.steps
-        self.plan, self.st = plan, st
+        self.plan, self.st, self.cluster = plan, st, plan.cluster
         self.name, self.stage = st.name, st.stage
         self.stage_plan = plan.stages[self.stage]
         self.num_stages = len(plan.stages)
@@ -205,9 +206,10 @@ class _Device:
                     peer = self.cfg.rank_of(t.peer)
                     header = torch.zeros(1, dtype=torch.float64)
                     payload = torch.empty((t.hi - t.lo, *shape))
+                    what = f"receiving from {t.peer}"
                     works = [
-                        dist.irecv(header, peer, tag=self._tag(mb, kind, 0)),
-                        dist.irecv(payload, peer, tag=self._tag(mb, kind, 1)),
+                        _comm(dist.irecv, what, header, peer, tag=self._tag(mb, kind, 0)),
+                        _comm(dist.irecv, what, payload, peer, tag=self._tag(mb, kind, 1)),
                     ]
                     got.append((t, header, payload, works))
                 pending[(kind, mb)] = got
@@ -234,11 +236,14 @@ class _Device:
         for t in moves:
             start = now()
             payload = tensor[t.lo - self.st.lo : t.hi - self.st.lo].detach().contiguous()
-            arrival = start + self.clock.wall(t.seconds) if self.clock.emulated else 0.0
+            # the link carries the real payload: latency + bytes / bandwidth, in device seconds
+            seconds = self.cluster.latency_s + payload.numel() * payload.element_size() / self.cluster.bytes_per_s
+            arrival = start + self.clock.wall(seconds) if self.clock.emulated else 0.0
             header = torch.tensor([arrival], dtype=torch.float64)
             peer = self.cfg.rank_of(t.peer)
-            outbox.append((t.peer, header, payload, dist.isend(header, peer, tag=self._tag(mb, kind, 0))))
-            outbox.append((t.peer, header, payload, dist.isend(payload, peer, tag=self._tag(mb, kind, 1))))
+            what = f"sending to {t.peer}"
+            outbox.append((t.peer, header, payload, _comm(dist.isend, what, header, peer, tag=self._tag(mb, kind, 0))))
+            outbox.append((t.peer, header, payload, _comm(dist.isend, what, payload, peer, tag=self._tag(mb, kind, 1))))
             end = self.clock.wait_until(arrival)
             self._event("send", mb, start, end, peer=t.peer)
 
@@ -316,7 +321,11 @@ class _Device:
             for p, g in zip(self.params, grads):
                 p.grad = flat[offset : offset + g.numel()].view_as(g)
                 offset += g.numel()
-            end = clock.pad(now(), st.allreduce_s, compute=False)
+            # ring all-reduce of the real gradient bytes, as the cost model charges it
+            g = self.stage_group.size()
+            nbytes = flat.numel() * flat.element_size()
+            seconds = 2 * (g - 1) / g * nbytes / self.cluster.bytes_per_s + 2 * (g - 1) * self.cluster.latency_s
+            end = clock.pad(now(), seconds, compute=False)
             self._event("all-reduce", -1, start, end)
         if self.optimizer is not None:
             self.optimizer.step()
@@ -385,11 +394,25 @@ class _Device:
         dist.destroy_process_group()
 
 
+def _gloo_message(exc: Exception) -> str:
+    """gloo's first sentence without its source location: "Connection closed by peer [127.0.0.1]:60099"."""
+    text = re.sub(r"^\[[^\]]*\]\s*", "", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    return text.split(". ")[0].rstrip(".")
+
+
 def _wait(work, what: str) -> None:
     try:
         work.wait()
     except RuntimeError as exc:  # gloo: connection closed by a dead peer, or the group timeout
-        raise PeerLost(f"{what} failed: {str(exc).splitlines()[0]}") from None
+        raise PeerLost(f"{what} failed: {_gloo_message(exc)}") from None
+
+
+def _comm(op, what: str, *args, **kwargs):
+    """Post a point-to-point operation; a peer that is already gone raises PeerLost."""
+    try:
+        return op(*args, **kwargs)
+    except RuntimeError as exc:
+        raise PeerLost(f"{what} failed: {_gloo_message(exc)}") from None
 
 
 def run_device(cfg: DeviceConfig, emit: Emit) -> int:

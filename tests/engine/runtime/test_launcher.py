@@ -1,0 +1,94 @@
+"""Real multi-process runs: every model family trains, a killed device stops the run naming it, bad runs are refused."""
+
+import os
+import signal
+import time
+
+import pytest
+
+from engine.errors import UserError
+from engine.runtime.launcher import RunFailed, RunOptions, train
+from tests.engine.runtime.helpers import cluster_of, make_plan, model_workload
+
+
+@pytest.mark.parametrize(
+    "model, stages, batch, micro",
+    [
+        ("mobilenetv2", [(0, 9, [("nx-0", 8)]), (9, 21, [("tx2-1", 5), ("nano-2", 3)])], 16, 2),  # cnn
+        ("bert-small", [(0, 4, [("nx-0", 3), ("tx2-1", 1)]), (4, 10, [("nano-2", 4)])], 16, 4),  # transformer
+    ],
+)
+def test_each_family_trains_and_its_loss_falls(model, stages, batch, micro):
+    plan = make_plan(model, cluster_of("nx", "tx2", "nano"), batch, micro, stages)
+    events = []
+    result = train(
+        plan,
+        model_workload(model),
+        RunOptions(iterations=8, lr=0.02, emulate=False, dataset_size=2 * batch),
+        on_event=events.append,
+    )
+    loss = result.loss
+    assert len(loss) == 8
+    assert sum(loss[-2:]) / 2 < sum(loss[:2]) / 2 - 0.05, loss
+    kinds = {e["type"] for e in events}
+    assert {"run-start", "device-start", "step", "iteration", "device-done", "run-stop"} <= kinds
+    steps = [e for e in events if e["type"] == "step"]
+    # every device ran a forward and a backward of every micro-batch in every iteration
+    for name in plan.device_names:
+        for kind in ("F", "B"):
+            assert sum(1 for e in steps if e["device"] == name and e["kind"] == kind) == 8 * micro
+    assert any(e["kind"] == "all-reduce" for e in steps)
+    assert any(e["kind"] == "send" and e["peer"] for e in steps)
+    assert events[-1] == {"type": "run-stop", "status": "completed", "wall_s": pytest.approx(result.wall_s, abs=1)}
+
+
+def test_a_killed_device_stops_the_run_with_its_name_within_the_timeout():
+    plan = make_plan(
+        "mobilenetv2",
+        cluster_of("nx", "tx2", "nano"),
+        8,
+        2,
+        [(0, 7, [("nx-0", 4)]), (7, 14, [("tx2-1", 4)]), (14, 21, [("nano-2", 4)])],
+    )
+    pids = {}
+    killed = {}
+
+    def on_event(ev):
+        if ev["type"] == "device-start":
+            pids[ev["device"]] = ev["pid"]
+        if ev["type"] == "iteration" and ev["iteration"] == 1 and not killed:
+            os.kill(pids["tx2-1"], signal.SIGKILL)
+            killed["at"] = time.monotonic()
+
+    timeout = 10.0
+    with pytest.raises(RunFailed) as info:
+        train(
+            plan, model_workload("mobilenetv2"), RunOptions(iterations=50, emulate=False, timeout_s=timeout), on_event
+        )
+    stopped = time.monotonic() - killed["at"]
+    assert info.value.device == "tx2-1"
+    assert info.value.iteration == 2
+    assert "tx2-1" in str(info.value) and "SIGKILL" in str(info.value) and "iteration 2" in str(info.value)
+    assert stopped < timeout + 5
+
+
+def test_a_plan_that_does_not_fit_is_refused_before_starting():
+    plan = make_plan("mobilenetv2", cluster_of("nano"), 4096, 1, [(0, 21, [("nano-0", 4096)])])
+    w = model_workload("mobilenetv2")
+    big = type(w)(
+        w.model, w.forward_flops, w.backward_flops, w.output_bytes, tuple(10**6 for _ in w.saved_bytes),
+        w.peak_bytes, w.param_bytes, w.optimizer_bytes,
+    )  # fmt: skip
+    with pytest.raises(UserError, match="does not fit in memory on nano-0"):
+        train(plan, big, RunOptions(iterations=1))
+
+
+def test_bad_options_are_one_line_errors():
+    for kwargs, message in (
+        ({"iterations": 0}, "iterations"),
+        ({"lr": -1}, "learning rate"),
+        ({"timeout_s": 0}, "timeout"),
+        ({"dilation": 0}, "dilation"),
+    ):
+        with pytest.raises(UserError, match=message):
+            RunOptions(**kwargs)
