@@ -1,4 +1,4 @@
-"""Real peers for the benchmark: PyTorch DDP and torch.distributed.pipelining 1F1B, trained under the same time dilation.
+"""Real peers for the benchmark: PyTorch DDP and torch.distributed.pipelining 1F1B under the same time dilation.
 
     result = run_ddp(workload("mobilenetv2"), CLUSTERS["D"], batch_size=16, iterations=4)
     result = run_pipelining(workload("mobilenetv2"), CLUSTERS["D"], batch_size=16, micro_batches=4)
@@ -10,11 +10,16 @@ its measured iteration time (wall / dilation) is comparable with the runtime's a
 - DDP: `DistributedDataParallel` over the whole model, each device its share of the batch. A comm hook
   does the real all-reduce of each gradient bucket and completes the bucket no earlier than the ring
   all-reduce of its bytes takes on the emulated link. Buckets use the link one at a time, and a bucket
-  is ready at the point of the device's padded backward that matches when it was really ready.
+  is ready at the point of the device's padded backward that matches when it was really ready. DDP
+  waits for every bucket at the end of `backward()`, so the backward is padded in the last bucket's
+  hook (all gradients are computed by then) and a helper thread completes the buckets' futures. Each
+  device times the link from its own ready times; the slowest device, which sets the iteration time,
+  is the one whose buckets really start last.
 - Pipelining: `PipelineStage` + `Schedule1F1B`, one stage per device. Limitation: torch's schedule does
   its own sends, so a link transfer is charged to the sender as extra time padded onto the step that
   produces it (forward: the activations, backward: the input gradient). The peer's transfers never
-  overlap its compute, which is what the cost model assumes as well.
+  overlap its compute, which is what the cost model assumes as well. The first stage asks for the
+  gradient of its input (a little extra compute) so that its padded backward ends after its last layer.
 """
 
 from __future__ import annotations
@@ -216,7 +221,9 @@ def _collect(procs: list, names: list[str], events, result: PeerResult, timeout_
             dead = [k for k, p in enumerate(procs) if p.exitcode not in (None, 0) and k not in done]
             if dead and t - last_event > 2.0:  # gone without a report (its last words had time to arrive)
                 k = dead[0]
-                raise UserError(f"{result.method} peer: device {names[k]} (rank {k}) died (exit code {procs[k].exitcode})")
+                raise UserError(
+                    f"{result.method} peer: device {names[k]} (rank {k}) died (exit code {procs[k].exitcode})"
+                )
             if t - last_event > 2 * timeout_s:  # every gloo operation times out after timeout_s
                 raise UserError(f"{result.method} peer: stalled, no device reported anything for {2 * timeout_s:.0f} s")
             continue
@@ -260,7 +267,7 @@ def _child(cfg: _Config, events) -> None:
     try:
         (_train_ddp if cfg.plan.method == "ddp" else _train_pipelining)(cfg, events.put)
     except Exception as exc:  # reported to the parent, which raises it
-        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        message = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
         events.put({"type": "error", "device": cfg.steps.name, "rank": cfg.rank, "message": message})
         code = 1
     events.close()
@@ -268,11 +275,12 @@ def _child(cfg: _Config, events) -> None:
     sys.exit(code)
 
 
-def _connect(cfg: _Config) -> None:
+def _connect(cfg: _Config) -> dist.Store:
     timeout = timedelta(seconds=cfg.timeout_s)
     store = dist.TCPStore("127.0.0.1", cfg.port, cfg.world_size, False, timeout=timeout)
     prefix = dist.PrefixStore(f"peers/{cfg.plan.method}", store)
     dist.init_process_group("gloo", store=prefix, rank=cfg.rank, world_size=cfg.world_size, timeout=timeout)
+    return prefix
 
 
 def _max_over_ranks(value: float) -> float:
@@ -313,8 +321,8 @@ def _calibrated_clock(cfg: _Config, module: nn.Module, shape_in: tuple | None, l
 class _Iterations:
     """Agrees on each iteration's loss and end time across ranks; rank 0 reports them."""
 
-    def __init__(self, cfg: _Config, clock: Clock, emit):
-        self.cfg, self.clock, self.emit = cfg, clock, emit
+    def __init__(self, cfg: _Config, store: dist.Store, clock: Clock, emit):
+        self.cfg, self.store, self.clock, self.emit = cfg, store, clock, emit
         self.last_end = _max_over_ranks(now())
         if cfg.rank == 0:
             emit({"type": "start", "dilation": clock.dilation})
@@ -343,7 +351,10 @@ class _Iterations:
                 "state": data,
             }
         )
-        dist.barrier()
+        # Leave only once every rank is past the last collective: gloo may still be flushing sends, and a
+        # closed connection fails a peer's pending receive (a barrier would have the same problem).
+        self.store.set(f"finished/{self.cfg.rank}", "1")
+        self.store.wait([f"finished/{r}" for r in range(self.cfg.world_size)])
         dist.destroy_process_group()
 
 
@@ -414,7 +425,7 @@ def _train_ddp(cfg: _Config, emit) -> None:
     torch.manual_seed(cfg.seed)  # every process builds the same model; dropout draws then follow this stream
     model = nn.Sequential(*spec.layers())
     model.train()
-    _connect(cfg)
+    store = _connect(cfg)
     clock = _calibrated_clock(cfg, model, None, last=True)
     ddp = nn.parallel.DistributedDataParallel(model)
     shaper = _LinkShaper(clock, plan.cluster, cfg.world_size, st.backward_s)
@@ -423,7 +434,7 @@ def _train_ddp(cfg: _Config, emit) -> None:
     # Each rank's loss is weighted by its share; the hook divides the sum by the world size, so the
     # result is the gradient of the whole batch's mean loss, whatever the shares.
     weight = st.samples / plan.batch_size
-    its = _Iterations(cfg, clock, emit)
+    its = _Iterations(cfg, store, clock, emit)
     for k in range(cfg.iterations):
         x, y = load(data, batch_indices(len(data), plan.batch_size, cfg.seed, k)[st.lo : st.hi])
         start = now()
@@ -490,7 +501,9 @@ class _PaddedStage(nn.Module):
         return _BackwardStarts.apply(out, self)
 
 
-def _boundary_examples(spec, layers: list[nn.Module], start: int, end: int, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _boundary_examples(
+    spec, layers: list[nn.Module], start: int, end: int, m: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Example micro-batch tensors entering and leaving layers [start, end) (static shapes for PipelineStage)."""
     x, _ = spec.example_batch(1, torch.Generator().manual_seed(0))
     example_in = x
@@ -501,8 +514,12 @@ def _boundary_examples(spec, layers: list[nn.Module], start: int, end: int, m: i
             layers[k].eval()  # no batch-norm statistics updated by the probe
             x = layers[k](x)
             layers[k].train()
-    expand = lambda t: torch.zeros((m, *t.shape[1:]), dtype=t.dtype)  # noqa: E731
-    return expand(example_in), expand(x)
+
+    def example(t: torch.Tensor, activation: bool) -> torch.Tensor:
+        # torch takes whether a gradient flows across the boundary from the examples' requires_grad
+        return torch.zeros((m, *t.shape[1:]), dtype=t.dtype, requires_grad=activation and t.is_floating_point())
+
+    return example(example_in, start > 0), example(x, True)
 
 
 def _train_pipelining(cfg: _Config, emit) -> None:
@@ -515,13 +532,11 @@ def _train_pipelining(cfg: _Config, emit) -> None:
     data = get_dataset(cfg.dataset, spec, size=DATASET_SIZE, seed=cfg.seed) if first or last else None
     torch.manual_seed(cfg.seed)
     layers = spec.layers()
-    example_in, example_out = _boundary_examples(
-        spec, layers, stage_plan.start, stage_plan.end, plan.micro_batch_size
-    )
+    example_in, example_out = _boundary_examples(spec, layers, stage_plan.start, stage_plan.end, plan.micro_batch_size)
     module = nn.Sequential(*layers[stage_plan.start : stage_plan.end])
     del layers
     module.train()
-    _connect(cfg)
+    store = _connect(cfg)
     clock = _calibrated_clock(cfg, module, None if first else tuple(example_in.shape[1:]), last)
     # The sender pays for the link: its outgoing transfer is padded onto the step that produces it.
     forward_s = st.forward_s + sum(t.seconds for t in st.send_forward)
@@ -533,7 +548,7 @@ def _train_pipelining(cfg: _Config, emit) -> None:
     # Every stage gets the loss: torch runs the backward only when the schedule has a loss function.
     schedule = Schedule1F1B(stage, plan.micro_batches, loss_fn=spec.loss)
     optimizer = torch.optim.SGD(module.parameters(), lr=LR, momentum=MOMENTUM)
-    its = _Iterations(cfg, clock, emit)
+    its = _Iterations(cfg, store, clock, emit)
     for k in range(cfg.iterations):
         args, target, losses = (), None, []
         if data is not None:
@@ -542,7 +557,7 @@ def _train_pipelining(cfg: _Config, emit) -> None:
         schedule.step(*args, target=target, losses=losses if last else None, return_outputs=False)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        its.finish(k, float(torch.stack(losses).mean()) if last else 0.0)
+        its.finish(k, float(torch.stack(losses).detach().mean()) if last else 0.0)
     state = None
     if cfg.return_state:
         state = {}
