@@ -96,10 +96,24 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--generation", type=int, default=0, help="rendezvous generation (a new one per re-plan)")
 
     b = sub.add_parser("bench", help="run a benchmark and print its tables")
-    b.add_argument("name", choices=["planner"], help="planner: planning time and predicted throughput")
+    b.add_argument(
+        "name",
+        choices=["planner", "reproduce"],
+        help="planner: planning time and predicted throughput; reproduce: train every method on clusters A-D",
+    )
     b.add_argument("--quick", action="store_true", help="a small grid, for a fast look")
-    b.add_argument("--timeout", type=_positive_float, default=60.0, help="seconds allowed per planning cell")
+    b.add_argument("--timeout", type=_positive_float, default=60.0, help="planner: seconds allowed per cell")
     b.add_argument("--output", help="also write the markdown report to this file")
+    b.add_argument("--clusters", default="ABCD", help="reproduce: clusters to run (default ABCD)")
+    b.add_argument("--models", help="reproduce: comma-separated models (default: the paper's four)")
+    b.add_argument("--bandwidths", default="1000,100", help="reproduce: comma-separated Mbps (default 1000,100)")
+    b.add_argument("--iterations", type=_positive_int, default=3, help="reproduce: iterations per run (default 3)")
+    b.add_argument(
+        "--budget", type=float, default=300.0, help="reproduce: wall seconds a run may take, 0 for no limit (300)"
+    )
+    b.add_argument("--figure", help="reproduce: write the Plotly figure to this path (.html, and .png if possible)")
+    b.add_argument("--record", help="reproduce: keep every run as JSON in this file (rewritten after each run)")
+    b.add_argument("--from-record", help="reproduce: make the report from a record instead of training")
 
     sub.add_parser("models", help="list the model zoo")
     return parser
@@ -351,13 +365,61 @@ def _train_one_device(args: argparse.Namespace, plan: Plan, w, options) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from engine.bench import planner_bench
+    if args.name == "planner":
+        from engine.bench import planner_bench
 
-    report = planner_bench(quick=args.quick, timeout=args.timeout)
+        report = planner_bench(quick=args.quick, timeout=args.timeout)
+    else:
+        report = _bench_reproduce(args)
     print(report)
     if args.output:
-        Path(args.output).write_text(report + "\n")
+        try:
+            Path(args.output).write_text(report + "\n")
+        except OSError as exc:
+            raise UserError(f"cannot write {args.output}: {exc}") from None
     return 0
+
+
+def _bench_reproduce(args: argparse.Namespace) -> str:
+    from engine import reproduce
+    from engine.devices import CLUSTERS
+    from engine.models import get_model
+
+    clusters = args.clusters.upper()
+    if not clusters or any(c not in CLUSTERS for c in clusters):
+        raise UserError(f"--clusters takes letters of {''.join(CLUSTERS)}, got {args.clusters!r}")
+    if args.models:
+        names = [m.strip() for m in args.models.split(",") if m.strip()]
+        for m in names:
+            get_model(m)
+        models = {m: reproduce.MODELS.get(m, 16) for m in names}
+    else:
+        models = {"mobilenetv2": reproduce.MODELS["mobilenetv2"]} if args.quick else dict(reproduce.MODELS)
+    try:
+        bandwidths = tuple(float(x) for x in args.bandwidths.split(","))
+    except ValueError:
+        raise UserError(f"--bandwidths takes comma-separated numbers, got {args.bandwidths!r}") from None
+    if any(not b > 0 for b in bandwidths):
+        raise UserError("--bandwidths must be positive")
+    if args.quick:
+        clusters = "C" if args.clusters == "ABCD" else clusters
+    command = "python -m engine " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["bench"] else "bench reproduce"
+    if args.from_record:
+        runs = reproduce.load_runs(Path(args.from_record))
+    else:
+        runs = reproduce.reproduce(
+            clusters,
+            models,
+            bandwidths,
+            iterations=args.iterations,
+            budget_s=args.budget,
+            progress=sys.stderr.isatty(),
+            record=Path(args.record) if args.record else None,
+        )
+    if args.figure:
+        for path in reproduce.figure(runs, Path(args.figure)):
+            print(f"figure written to {path}", file=sys.stderr)
+    return reproduce.report(runs, command)
 
 
 def cmd_models(args: argparse.Namespace) -> int:

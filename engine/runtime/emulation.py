@@ -12,15 +12,16 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
+import torch.distributed as dist
 
 from engine.devices import GIB
 from engine.errors import UserError
 
-# Headroom over the measured host/device speed ratio when the dilation is calibrated automatically.
-SAFETY = 1.5
+# Headroom over the worst contended host/device time ratio when the dilation is calibrated automatically.
+SAFETY = 2.0
 
 
 def now() -> float:
@@ -80,9 +81,27 @@ def host_cores() -> int:
         return os.cpu_count() or 1
 
 
-def auto_dilation(ratio: float) -> float:
-    """A dilation for a measured worst host/device time ratio (measured with every device busy at once)."""
-    return max(1.0, ratio * SAFETY)
+def auto_dilation(ratio: float, processes: int, cores: int | None = None) -> float:
+    """A dilation for the worst host/device time ratio measured with the host to itself: `processes`
+    devices share `cores` cores, so a step may take processes / cores times longer when all compute."""
+    contention = max(1.0, processes / (cores or host_cores()))
+    return max(1.0, ratio * contention * SAFETY)
+
+
+def measure_ratio(step: Callable[[], tuple[float, float]], forward_s: float, backward_s: float) -> float:
+    """The worst host/device time ratio over the process group: each process in turn runs `step` (one
+    forward and backward of its part, returning their real seconds) while the others wait."""
+    step()  # warm-up: the allocator, lazy initialisation
+    ratio = 0.0
+    for rank in range(dist.get_world_size()):
+        dist.barrier()
+        if rank == dist.get_rank():
+            runs = [step() for _ in range(2)]
+            real_f, real_b = min(f for f, _ in runs), min(b for _, b in runs)
+            ratio = max(real_f / max(forward_s, 1e-9), real_b / max(backward_s, 1e-9))
+    worst = torch.tensor([ratio], dtype=torch.float64)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    return float(worst)
 
 
 class DeviceOutOfMemory(UserError):

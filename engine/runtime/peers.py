@@ -25,7 +25,6 @@ its measured iteration time (wall / dilation) is comparable with the runtime's a
 from __future__ import annotations
 
 import io
-import math
 import multiprocessing as mp
 import queue as queue_mod
 import signal
@@ -47,7 +46,7 @@ from engine.errors import UserError
 from engine.models import get_model
 from engine.plan import Plan, Share, Stage
 from engine.runtime.batches import batch_indices, load
-from engine.runtime.emulation import Clock, auto_dilation, now
+from engine.runtime.emulation import Clock, auto_dilation, measure_ratio, now
 from engine.steps import DeviceSteps, device_steps
 
 LR, MOMENTUM = 0.05, 0.9
@@ -290,32 +289,31 @@ def _max_over_ranks(value: float) -> float:
 
 
 def _calibrated_clock(cfg: _Config, module: nn.Module, shape_in: tuple | None, last: bool) -> Clock:
-    """The given dilation, or one calibrated like the runtime's: each device runs its part twice, worst ratio."""
-    ratio = 0.0
-    if cfg.dilation is None:
-        st, spec = cfg.steps, get_model(cfg.plan.model)
-        gen = torch.Generator().manual_seed(cfg.seed + 7919 * (cfg.rank + 1))
-        real_f = real_b = math.inf
-        with torch.random.fork_rng(devices=[]):  # dropout draws leave training's random stream as it was
-            state = {k: v.clone() for k, v in module.state_dict().items()}
-            for _ in range(2):
-                x, y = spec.example_batch(st.samples, gen)
-                if shape_in is not None:  # a later pipeline stage: activations in
-                    x = torch.randn((st.samples, *shape_in), generator=gen, requires_grad=True)
-                t = now()
-                out = module(x)
-                t_f = now()
-                if last:
-                    spec.loss(out, y).backward()
-                else:
-                    out.backward(torch.randn(out.shape, generator=gen))
-                t_b = now()
-                real_f, real_b = min(real_f, t_f - t), min(real_b, t_b - t_f)
-            module.zero_grad(set_to_none=True)
-            module.load_state_dict(state)  # batch-norm statistics as they were
-        ratio = max(real_f / max(st.forward_s, 1e-9), real_b / max(st.backward_s, 1e-9))
-    worst = _max_over_ranks(ratio)
-    return Clock(cfg.dilation if cfg.dilation is not None else auto_dilation(worst))
+    """The given dilation, or one calibrated like the runtime's (each device measured alone, worst ratio)."""
+    if cfg.dilation is not None:
+        return Clock(cfg.dilation)
+    st, spec = cfg.steps, get_model(cfg.plan.model)
+    gen = torch.Generator().manual_seed(cfg.seed + 7919 * (cfg.rank + 1))
+
+    def step() -> tuple[float, float]:
+        x, y = spec.example_batch(st.samples, gen)
+        if shape_in is not None:  # a later pipeline stage: activations in
+            x = torch.randn((st.samples, *shape_in), generator=gen, requires_grad=True)
+        t = now()
+        out = module(x)
+        t_f = now()
+        if last:
+            spec.loss(out, y).backward()
+        else:
+            out.backward(torch.randn(out.shape, generator=gen))
+        return t_f - t, now() - t_f
+
+    with torch.random.fork_rng(devices=[]):  # dropout draws leave training's random stream as it was
+        state = {k: v.clone() for k, v in module.state_dict().items()}
+        ratio = measure_ratio(step, st.forward_s, st.backward_s)
+        module.zero_grad(set_to_none=True)
+        module.load_state_dict(state)  # batch-norm statistics as they were
+    return Clock(auto_dilation(ratio, dist.get_world_size()))
 
 
 class _Iterations:

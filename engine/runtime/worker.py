@@ -29,7 +29,7 @@ from engine.events import StepEvent
 from engine.models import get_model
 from engine.plan import Plan
 from engine.runtime.batches import batch_indices, load
-from engine.runtime.emulation import Clock, MemoryMeter, auto_dilation, now
+from engine.runtime.emulation import Clock, MemoryMeter, auto_dilation, measure_ratio, now
 from engine.schedule import one_f_one_b
 from engine.steps import DeviceSteps
 
@@ -155,38 +155,40 @@ class _Device:
     # -- emulation set-up -----------------------------------------------------------------------------
 
     def calibrate(self) -> None:
-        """Run the stage on its share twice (warming the allocator); agree on the dilation across devices."""
+        """Agree on the dilation: the given one, or one from each device's measured host/device time ratio."""
         cfg = self.cfg
         if not cfg.emulate:
             return
-        ratio = 0.0
-        if cfg.dilation is None:
-            buffers = {k: v.clone() for k, v in self.module.state_dict().items()}
-            gen = torch.Generator().manual_seed(cfg.seed + 7919 * (cfg.rank + 1))
-            n = self.st.samples
-            real_f = real_b = float("inf")
-            for _ in range(2):
-                if self.first:
-                    x, y = self.spec.example_batch(n, gen)
-                else:
-                    x = torch.randn((n, *self.shape_in), generator=gen, requires_grad=True)
-                    y = self.spec.example_batch(n, gen)[1]
-                t = now()
-                out = self.module(x)
-                t_f = now()
-                if self.last:
-                    self.spec.loss(out, y).backward()
-                else:
-                    out.backward(torch.randn(out.shape, generator=gen))
-                t_b = now()
-                real_f, real_b = min(real_f, t_f - t), min(real_b, t_b - t_f)
-            for p in self.params:
-                p.grad = None
-            self.module.load_state_dict(buffers)  # batch-norm statistics as they were
-            ratio = max(real_f / max(self.st.forward_s, 1e-9), real_b / max(self.st.backward_s, 1e-9))
-        worst = torch.tensor([ratio], dtype=torch.float64)
-        _wait(dist.all_reduce(worst, op=dist.ReduceOp.MAX, async_op=True), "the calibration sync")
-        self.clock = Clock(cfg.dilation if cfg.dilation is not None else auto_dilation(float(worst)))
+        if cfg.dilation is not None:
+            self.clock = Clock(cfg.dilation)
+            return
+        gen = torch.Generator().manual_seed(cfg.seed + 7919 * (cfg.rank + 1))
+        n = self.st.samples
+
+        def step() -> tuple[float, float]:
+            if self.first:
+                x, y = self.spec.example_batch(n, gen)
+            else:
+                x = torch.randn((n, *self.shape_in), generator=gen, requires_grad=True)
+                y = self.spec.example_batch(n, gen)[1]
+            t = now()
+            out = self.module(x)
+            t_f = now()
+            if self.last:
+                self.spec.loss(out, y).backward()
+            else:
+                out.backward(torch.randn(out.shape, generator=gen))
+            return t_f - t, now() - t_f
+
+        state = {k: v.clone() for k, v in self.module.state_dict().items()}
+        with torch.random.fork_rng(devices=[]):  # dropout draws leave training's random stream as it was
+            try:
+                ratio = measure_ratio(step, self.st.forward_s, self.st.backward_s)
+            except RuntimeError as exc:
+                raise PeerLost(f"calibration failed: {_gloo_message(exc)}") from None
+        self.module.zero_grad(set_to_none=True)
+        self.module.load_state_dict(state)  # batch-norm statistics as they were
+        self.clock = Clock(auto_dilation(ratio, cfg.world_size))
 
     # -- messages -------------------------------------------------------------------------------------
 
@@ -284,11 +286,11 @@ class _Device:
                 else:
                     x = self.receive(pending, "F", mb)
                     x.requires_grad_(True)
+                y = load(self.data, self._slice(indices, mb))[1] if self.last else None
                 start = now()
                 with self.memory.forward(mb):
                     out = self.module(x)
                     if self.last:
-                        y = load(self.data, self._slice(indices, mb))[1]
                         # sum over this device's samples / global batch: the mean-loss gradient of the whole batch
                         out = self.spec.loss(out, y) * (st.samples / plan.batch_size)
                         loss_sum += float(out.detach())

@@ -36,7 +36,8 @@ def test_a_real_device_is_not_padded():
     assert clock.device(3.0) == 3.0 and clock.late == 0
     with pytest.raises(UserError, match="dilation"):
         Clock(0.0)
-    assert auto_dilation(10.0) == 15.0 and auto_dilation(0.1) == 1.0
+    assert auto_dilation(10.0, processes=4, cores=2) == 40.0  # two devices per core, 2x headroom
+    assert auto_dilation(10.0, processes=1, cores=2) == 20.0 and auto_dilation(0.1, 1, 2) == 1.0
 
 
 def test_memory_meter_counts_saved_activations_once_and_enforces_the_budget():
