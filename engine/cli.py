@@ -107,9 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--clusters", default="ABCD", help="reproduce: clusters to run (default ABCD)")
     b.add_argument("--models", help="reproduce: comma-separated models (default: the paper's four)")
     b.add_argument("--bandwidths", default="1000,100", help="reproduce: comma-separated Mbps (default 1000,100)")
-    b.add_argument("--iterations", type=_positive_int, default=3, help="reproduce: iterations per run (default 3)")
+    b.add_argument("--iterations", type=_positive_int, default=2, help="reproduce: iterations per run (default 2)")
     b.add_argument(
-        "--budget", type=float, default=300.0, help="reproduce: wall seconds a run may take, 0 for no limit (300)"
+        "--budget", type=float, default=120.0, help="reproduce: wall seconds a run may take, 0 for no limit (120)"
     )
     b.add_argument("--figure", help="reproduce: write the Plotly figure to this path (.html, and .png if possible)")
     b.add_argument("--record", help="reproduce: keep every run as JSON in this file (rewritten after each run)")
