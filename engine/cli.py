@@ -107,13 +107,18 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--clusters", default="ABCD", help="reproduce: clusters to run (default ABCD)")
     b.add_argument("--models", help="reproduce: comma-separated models (default: the paper's four)")
     b.add_argument("--bandwidths", default="1000,100", help="reproduce: comma-separated Mbps (default 1000,100)")
+    b.add_argument("--methods", help="reproduce: comma-separated methods (default: all five)")
     b.add_argument("--iterations", type=_positive_int, default=2, help="reproduce: iterations per run (default 2)")
     b.add_argument(
         "--budget", type=float, default=120.0, help="reproduce: wall seconds a run may take, 0 for no limit (120)"
     )
     b.add_argument("--figure", help="reproduce: write the Plotly figure to this path (.html, and .png if possible)")
     b.add_argument("--record", help="reproduce: keep every run as JSON in this file (rewritten after each run)")
-    b.add_argument("--from-record", help="reproduce: make the report from a record instead of training")
+    b.add_argument(
+        "--from-record",
+        help="reproduce: make the report from records instead of training (comma-separated; later runs of the "
+        "same cell and method replace earlier ones)",
+    )
 
     sub.add_parser("models", help="list the model zoo")
     return parser
@@ -327,6 +332,7 @@ def _train_one_device(args: argparse.Namespace, plan: Plan, w, options) -> int:
     """One device of a distributed run: this process is rank `--rank`; rank 0 hosts the store."""
     from dataclasses import replace
 
+    from engine.costmodel import score
     from engine.report import iteration_line
     from engine.runtime.launcher import save_events
     from engine.runtime.worker import DeviceConfig, run_device
@@ -343,6 +349,7 @@ def _train_one_device(args: argparse.Namespace, plan: Plan, w, options) -> int:
     cfg = replace(
         cfg,
         serve_store=args.rank == 0,
+        predicted_iteration_s=score(plan, w).iteration_s,
         **{k: getattr(options, k) for k in ("generation", "iterations", "lr", "seed", "dataset", "data_dir")},
         **{k: getattr(options, k) for k in ("emulate", "dilation", "timeout_s")},
     )
@@ -401,16 +408,23 @@ def _bench_reproduce(args: argparse.Namespace) -> str:
         raise UserError(f"--bandwidths takes comma-separated numbers, got {args.bandwidths!r}") from None
     if any(not b > 0 for b in bandwidths):
         raise UserError("--bandwidths must be positive")
+    methods = reproduce.METHODS
+    if args.methods:
+        methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
+        unknown = [m for m in methods if m not in reproduce.METHODS]
+        if unknown or not methods:
+            raise UserError(f"--methods takes some of {', '.join(reproduce.METHODS)}, got {args.methods!r}")
     if args.quick:
         clusters = "C" if args.clusters == "ABCD" else clusters
     command = "python -m engine " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["bench"] else "bench reproduce"
     if args.from_record:
-        runs = reproduce.load_runs(Path(args.from_record))
+        runs = reproduce.load_runs([Path(p) for p in args.from_record.split(",")])
     else:
         runs = reproduce.reproduce(
             clusters,
             models,
             bandwidths,
+            methods,
             iterations=args.iterations,
             budget_s=args.budget,
             progress=sys.stderr.isatty(),

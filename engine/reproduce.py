@@ -170,8 +170,20 @@ def reproduce(
     return runs
 
 
-def load_runs(path: Path) -> list[Run]:
-    return [Run(**doc) for doc in json.loads(path.read_text())]
+def load_runs(paths: list[Path]) -> list[Run]:
+    """Runs from records; a later run of the same cell and method replaces an earlier one, in its place."""
+    runs: dict[tuple, Run] = {}
+    for path in paths:
+        try:
+            docs = json.loads(path.read_text())
+            loaded = [Run(**doc) for doc in docs]
+        except FileNotFoundError:
+            raise UserError(f"record {path} does not exist") from None
+        except (OSError, ValueError, TypeError) as exc:
+            raise UserError(f"record {path} is not a reproduce record: {exc}") from None
+        for r in loaded:
+            runs[(r.model, r.bandwidth_mbps, r.cluster, r.method)] = r
+    return list(runs.values())
 
 
 def _by_cell(runs: list[Run]) -> dict[tuple, dict[str, Run]]:

@@ -25,8 +25,10 @@ import torch
 import torch.distributed as dist
 
 from engine.costmodel import Workload, score
+from engine.data import get_dataset
 from engine.errors import UserError
 from engine.events import StepEvent
+from engine.models import get_model
 from engine.plan import Plan
 from engine.progress import Progress
 from engine.runtime.worker import DeviceConfig, run_device
@@ -164,6 +166,8 @@ def train(
     if options.emulate and options.enforce_memory and not prediction.fits:
         over = [n for n, b in prediction.memory_bytes.items() if b > plan.cluster.device(n).memory_bytes]
         raise UserError(f"plan does not fit in memory on {', '.join(over)}: re-plan with a smaller batch size")
+    # the dataset's errors (unknown name, missing CIFAR-10 files, wrong model) before any process starts
+    get_dataset(options.dataset, get_model(plan.model), options.data_dir, options.dataset_size, options.seed)
     steps = device_steps(plan, workload)
     names = plan.device_names
     ctx = _context()
@@ -190,6 +194,7 @@ def train(
             enforce_memory=options.enforce_memory,
             timeout_s=options.timeout_s,
             save_parts=options.save_model,
+            predicted_iteration_s=prediction.iteration_s,
         )
         procs[name] = ctx.Process(target=_child, args=(cfg, events), name=f"asteroid-{name}", daemon=True)
     started = time.monotonic()
@@ -200,7 +205,7 @@ def train(
     collected = _Collected()
     bar = Progress(options.iterations, "training", enabled=progress)
     try:
-        _watch(procs, events, collected, emit, bar, options.timeout_s)
+        _watch(procs, events, collected, emit, bar, options.timeout_s, prediction.iteration_s)
     finally:
         bar.close()
         for p in procs.values():
@@ -270,7 +275,8 @@ class _Collected:
             err = self.errors.get(name)
             if err and err["cause"] == "own":
                 it = err["iteration"]
-                return _failure(name, it, f"device {name} failed in iteration {it}: {err['message']}")
+                when = f"in iteration {it}" if it >= 0 else "while starting"
+                return _failure(name, it, f"device {name} failed {when}: {err['message']}")
         if self.first_dead is not None:
             name, code = self.first_dead, procs[self.first_dead].exitcode
             if code is not None and code < 0:
@@ -299,8 +305,11 @@ def _failure(device: str, iteration: int, message: str) -> dict:
     return {"device": device, "iteration": iteration, "message": message}
 
 
-def _watch(procs: dict, events, collected: _Collected, emit, bar: Progress, timeout_s: float) -> None:
-    """Relay events until every process has exited; stop the rest `timeout_s` after one dies or stalls."""
+def _watch(
+    procs: dict, events, collected: _Collected, emit, bar: Progress, timeout_s: float, iteration_s: float
+) -> None:
+    """Relay events until every process has exited; stop the rest `timeout_s` after one dies. A run is
+    stalled when no event came for `timeout_s` plus three (dilated) iterations, as the devices' groups allow."""
     last_progress = time.monotonic()
     failed_at = None
     while any(p.exitcode is None for p in procs.values()):
@@ -320,7 +329,8 @@ def _watch(procs: dict, events, collected: _Collected, emit, bar: Progress, time
                 failed_at, collected.first_dead = t, dead[0]
         if failed_at is not None and t - failed_at > timeout_s:
             break
-        if failed_at is None and t - last_progress > timeout_s:
+        quiet = timeout_s + 3 * (collected.dilation or 1.0) * iteration_s
+        if failed_at is None and t - last_progress > quiet:
             collected.stalled = True
             break
     # Events still in the pipe (the queue's feeder threads flush before a process exits).

@@ -16,7 +16,7 @@ import os
 import re
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
@@ -60,14 +60,15 @@ class DeviceConfig:
     timeout_s: float = 60.0
     serve_store: bool = False  # this process hosts the rendezvous store (rank 0 when there is no launcher)
     save_parts: bool = False
-    ranks: dict[str, int] = field(default_factory=dict)  # device name -> rank; default: plan order
+    predicted_iteration_s: float = 1.0  # device seconds; bounds how long a healthy device may wait for data
 
     @property
     def world_size(self) -> int:
         return len(self.plan.device_names)
 
     def rank_of(self, name: str) -> int:
-        return self.ranks[name] if self.ranks else self.plan.device_names.index(name)
+        """Ranks follow the plan's device order."""
+        return self.plan.device_names.index(name)
 
 
 class PeerLost(RuntimeError):
@@ -138,13 +139,20 @@ class _Device:
     # -- process groups -------------------------------------------------------------------------------
 
     def connect(self) -> None:
+        """Join generation `cfg.generation` of the rendezvous (its group serves start-up and calibration)."""
         cfg = self.cfg
         timeout = timedelta(seconds=cfg.timeout_s)
-        store = dist.TCPStore(
-            cfg.host, cfg.port, cfg.world_size if cfg.serve_store else None, cfg.serve_store, timeout=timeout
-        )
+        store = dist.TCPStore(cfg.host, cfg.port, cfg.world_size, cfg.serve_store, timeout=timeout)
         prefix = dist.PrefixStore(f"asteroid/gen{cfg.generation}", store)
         dist.init_process_group("gloo", store=prefix, rank=cfg.rank, world_size=cfg.world_size, timeout=timeout)
+
+    def make_groups(self) -> None:
+        """Training's groups: every device (messages, iteration sync) and each stage (all-reduce). Their
+        timeout allows for a device waiting out a whole (dilated) iteration before its data comes."""
+        cfg = self.cfg
+        dilation = self.clock.dilation or 1.0
+        timeout = timedelta(seconds=cfg.timeout_s + 3 * dilation * cfg.predicted_iteration_s)
+        self.group = dist.new_group(list(range(cfg.world_size)), timeout=timeout)
         self.stage_group = None
         for st in self.plan.stages:  # every rank creates every group, in the same order
             ranks = sorted(cfg.rank_of(s.name) for s in st.devices)
@@ -210,8 +218,8 @@ class _Device:
                     payload = torch.empty((t.hi - t.lo, *shape))
                     what = f"receiving from {t.peer}"
                     works = [
-                        _comm(dist.irecv, what, header, peer, tag=self._tag(mb, kind, 0)),
-                        _comm(dist.irecv, what, payload, peer, tag=self._tag(mb, kind, 1)),
+                        _comm(dist.irecv, what, header, peer, self.group, tag=self._tag(mb, kind, 0)),
+                        _comm(dist.irecv, what, payload, peer, self.group, tag=self._tag(mb, kind, 1)),
                     ]
                     got.append((t, header, payload, works))
                 pending[(kind, mb)] = got
@@ -244,8 +252,9 @@ class _Device:
             header = torch.tensor([arrival], dtype=torch.float64)
             peer = self.cfg.rank_of(t.peer)
             what = f"sending to {t.peer}"
-            outbox.append((t.peer, header, payload, _comm(dist.isend, what, header, peer, tag=self._tag(mb, kind, 0))))
-            outbox.append((t.peer, header, payload, _comm(dist.isend, what, payload, peer, tag=self._tag(mb, kind, 1))))
+            for part, tensor_part in enumerate((header, payload)):
+                work = _comm(dist.isend, what, tensor_part, peer, self.group, tag=self._tag(mb, kind, part))
+                outbox.append((t.peer, tensor_part, work))  # the tensor stays alive until the send completes
             end = self.clock.wait_until(arrival)
             self._event("send", mb, start, end, peer=t.peer)
 
@@ -312,7 +321,7 @@ class _Device:
                 self._event("B", mb, start, end)
                 if not self.first:
                     self.send(x.grad, st.send_backward, "B", mb, outbox)
-        for peer, _, _, work in outbox:
+        for peer, _, work in outbox:
             _wait(work, f"delivery to {peer}")
         if self.stage_group is not None and self.params:
             start = now()
@@ -337,9 +346,9 @@ class _Device:
     def finish_iteration(self, k: int, loss_sum: float) -> None:
         """Agree on the iteration's loss, end time and late steps; rank 0 reports the iteration."""
         totals = torch.tensor([loss_sum, self.clock.late, self.clock.steps], dtype=torch.float64)
-        _wait(dist.all_reduce(totals, async_op=True), "the end-of-iteration sync")
+        _wait(dist.all_reduce(totals, group=self.group, async_op=True), "the end-of-iteration sync")
         end = torch.tensor([now()], dtype=torch.float64)
-        _wait(dist.all_reduce(end, op=dist.ReduceOp.MAX, async_op=True), "the end-of-iteration sync")
+        _wait(dist.all_reduce(end, dist.ReduceOp.MAX, self.group, async_op=True), "the end-of-iteration sync")
         end_t = float(end)
         seconds = self.clock.device(end_t - self.last_end)
         self.last_end = end_t
@@ -361,6 +370,7 @@ class _Device:
         cfg = self.cfg
         self.connect()
         self.calibrate()
+        self.make_groups()
         start = torch.tensor([now()], dtype=torch.float64)
         _wait(dist.all_reduce(start, op=dist.ReduceOp.MAX, async_op=True), "the start-up sync")
         self.t0 = self.last_end = float(start)

@@ -9,19 +9,11 @@ import sys
 import pytest
 
 from engine.cli import main
-from engine.profiler import cached_profile
-from engine.workloads import PROFILE_BATCH
 
 
-@pytest.fixture(scope="module", autouse=True)
-def profile_cache(tmp_path_factory):
-    """A quick (one repeat) real profile of mobilenetv2 in a private cache, used by every command here."""
-    cache = tmp_path_factory.mktemp("profiles")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("ASTEROID_CACHE_DIR", str(cache))
-    cached_profile("mobilenetv2", micro_batch=PROFILE_BATCH, repeats=1, warmup=0)
-    yield cache
-    mp.undo()
+@pytest.fixture(autouse=True)
+def _profiles(profile_cache):
+    """Every command here uses the quick mobilenetv2 profile of conftest's `profile_cache`."""
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:

@@ -63,3 +63,19 @@ def reference_run(model: str, batch: int, iterations: int, lr: float, momentum: 
         opt.zero_grad()
         losses.append(loss.item())
     return losses, net.state_dict()
+
+
+def sized_workload(model: str, work_per_sample: float, output_bytes: tuple[int, ...] | None = None) -> Workload:
+    """A workload with the zoo model's layers whose device time is dominated by `work_per_sample` FLOPs."""
+    n = len(get_model(model).layers())
+    fwd = tuple(work_per_sample / 3 / n for _ in range(n))
+    return Workload(
+        model,
+        fwd,
+        tuple(2 * f for f in fwd),
+        output_bytes or tuple(4 for _ in range(n)),
+        tuple(1000 for _ in range(n)),
+        tuple(1000 for _ in range(n)),
+        tuple(1000 for _ in range(n)),
+        tuple(0 for _ in range(n)),
+    )

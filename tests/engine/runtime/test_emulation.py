@@ -6,12 +6,11 @@ import pytest
 import torch
 from torch import nn
 
-from engine.costmodel import Workload
 from engine.errors import UserError
 from engine.models import get_model
 from engine.runtime.emulation import Clock, DeviceOutOfMemory, MemoryMeter, auto_dilation, now
 from engine.runtime.launcher import RunOptions, train
-from tests.engine.runtime.helpers import cluster_of, make_plan
+from tests.engine.runtime.helpers import cluster_of, make_plan, sized_workload
 
 
 def test_clock_pads_to_dilated_device_time_and_counts_late_steps():
@@ -61,25 +60,9 @@ def test_memory_meter_counts_saved_activations_once_and_enforces_the_budget():
             layer(x)
 
 
-def _heavy_workload(model: str, work_per_sample: float, output_bytes: tuple[int, ...] | None = None) -> Workload:
-    """A workload with the zoo model's layers whose device time is dominated by `work_per_sample` FLOPs."""
-    n = len(get_model(model).layers())
-    fwd = tuple(work_per_sample / 3 / n for _ in range(n))
-    return Workload(
-        model,
-        fwd,
-        tuple(2 * f for f in fwd),
-        output_bytes or tuple(4 for _ in range(n)),
-        tuple(1000 for _ in range(n)),
-        tuple(1000 for _ in range(n)),
-        tuple(1000 for _ in range(n)),
-        tuple(0 for _ in range(n)),
-    )
-
-
 def test_a_slower_device_kind_really_takes_longer_in_device_time():
     # 4 samples x 1 GFLOP on a Xavier NX (422 GFLOP/s sustained) is ~10 ms of device time; a Nano is 3.6x slower
-    w = _heavy_workload("mobilenetv2", 1e9)
+    w = sized_workload("mobilenetv2", 1e9)
     measured, predicted = {}, {}
     for kind in ("nx", "nano"):
         plan = make_plan("mobilenetv2", cluster_of(kind), 8, 2, [(0, 21, [(f"{kind}-0", 4)])])
@@ -103,7 +86,7 @@ def test_a_shaped_link_really_limits_bandwidth():
             x = layer(x)
     out_bytes = [4] * 21
     out_bytes[cut - 1] = x.numel() * 4  # the real bytes per sample crossing the cut, so the simulator agrees
-    w = _heavy_workload(model, 3e9, tuple(out_bytes))
+    w = sized_workload(model, 3e9, tuple(out_bytes))
     runs = {}
     for mbps in (1000.0, 100.0):
         plan = make_plan(

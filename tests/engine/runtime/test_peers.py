@@ -14,8 +14,8 @@ from engine.errors import UserError
 from engine.models import get_model
 from engine.runtime import peers
 from engine.runtime.batches import batch_indices, load
-from engine.workloads import workload
 from tests.engine.instances import random_workload
+from tests.engine.runtime.helpers import sized_workload
 
 D = CLUSTERS["D"]
 
@@ -60,7 +60,7 @@ def test_a_plan_that_does_not_fit_is_refused_naming_the_device():
 
 
 def test_ddp_trains_and_reports_device_time():
-    result = peers.run_ddp(workload("mobilenetv2"), D, 16, iterations=2, dilation=40.0)
+    result = peers.run_ddp(sized_workload("mobilenetv2", 3e8), D, 16, iterations=2, dilation=40.0)
     assert result.method == "ddp" and result.dilation == 40.0
     assert len(result.iteration_s) == len(result.loss) == 2
     assert all(math.isfinite(x) for x in result.loss)
@@ -73,7 +73,7 @@ def test_ddp_trains_and_reports_device_time():
 def _single_process_ddp(model_name: str, batch_size: int, iterations: int, seed: int = 0) -> dict:
     """One process training the same batches: each device's share in turn, with that device's dropout stream."""
     spec = get_model(model_name)
-    shares = [s.samples for s in peers.ddp_plan(workload(model_name), D, batch_size).stages[0].devices]
+    shares = [s.samples for s in peers.ddp_plan(sized_workload(model_name, 1e9), D, batch_size).stages[0].devices]
     data = get_dataset("synthetic", spec, size=2048, seed=seed)
     torch.manual_seed(seed)
     model = nn.Sequential(*spec.layers())
@@ -93,7 +93,7 @@ def _single_process_ddp(model_name: str, batch_size: int, iterations: int, seed:
 
 def test_ddp_parameters_equal_a_single_process_run_of_the_same_batches():
     # vgg16 has no batch norm (whose statistics would differ per device); dropout follows each device's stream.
-    result = peers.run_ddp(workload("vgg16"), D, 8, iterations=2, dilation=1.0, return_state=True)
+    result = peers.run_ddp(sized_workload("vgg16", 1e9), D, 8, iterations=2, dilation=1.0, return_state=True)
     expected = _single_process_ddp("vgg16", 8, 2)
     assert result.state_dict is not None and result.state_dict.keys() == expected.keys()
     for key, value in expected.items():
@@ -101,7 +101,7 @@ def test_ddp_parameters_equal_a_single_process_run_of_the_same_batches():
 
 
 def test_pipelining_trains_and_reports_device_time():
-    result = peers.run_pipelining(workload("mobilenetv2"), D, 16, 4, iterations=2, dilation=40.0)
+    result = peers.run_pipelining(sized_workload("mobilenetv2", 3e8), D, 16, 4, iterations=2, dilation=40.0)
     assert result.method == "pipelining"
     assert len(result.iteration_s) == len(result.loss) == 2
     assert all(math.isfinite(x) for x in result.loss)
@@ -113,4 +113,4 @@ def test_pipelining_trains_and_reports_device_time():
 
 def test_a_failing_device_is_reported_with_its_message():
     with pytest.raises(UserError, match="ddp peer: device .* failed: unknown dataset 'nope'"):
-        peers.run_ddp(workload("mobilenetv2"), D, 16, iterations=1, dilation=40.0, dataset="nope")
+        peers.run_ddp(sized_workload("mobilenetv2", 3e8), D, 16, iterations=1, dilation=40.0, dataset="nope")

@@ -1,0 +1,135 @@
+"""`python -m engine train` and `bench reproduce` at the command line: JSON schema, distributed ranks, errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from engine.cli import main
+from tests.engine.runtime.helpers import cluster_of, make_plan
+
+
+@pytest.fixture(autouse=True)
+def _profiles(profile_cache):
+    """The quick mobilenetv2 profile of conftest's `profile_cache`."""
+
+
+@pytest.fixture
+def plan_file(tmp_path):
+    plan = make_plan(
+        "mobilenetv2", cluster_of("nx", "tx2", "nano"), 8, 2,
+        [(0, 9, [("nx-0", 4)]), (9, 21, [("tx2-1", 3), ("nano-2", 1)])],
+    )  # fmt: skip
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan.to_dict()))
+    return path
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:  # argparse's usage errors
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_train_json_document(capsys, plan_file, tmp_path):
+    events = tmp_path / "events.jsonl"
+    code, out, err = run(
+        capsys, "train", "--plan", str(plan_file), "--iterations", "2", "--json", "--events", str(events),
+        "--save", str(tmp_path / "model.pt"), "--trace", str(tmp_path / "trace.json"),
+    )  # fmt: skip
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["throughput"] > 0 and len(doc["loss"]) == 2
+    assert doc["iteration_s"]["measured"] > 0 and doc["iteration_s"]["predicted"] > 0
+    assert doc["steps"] == 2 * 2 * 2 * 3 and doc["late_steps"] == 0  # iterations x micro-batches x F/B x devices
+    kinds = [json.loads(line)["type"] for line in events.read_text().splitlines()]
+    assert kinds[0] == "run-start" and kinds[-1] == "run-stop" and kinds.count("iteration") == 2
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    names = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
+    assert any(n.startswith("measured") for n in names) and "simulated (cost model)" in names
+    import torch
+
+    from engine.models import get_model
+
+    get_model("mobilenetv2").sequential().load_state_dict(torch.load(tmp_path / "model.pt"))
+
+
+def test_one_process_per_rank_with_a_rendezvous(plan_file, profile_cache):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "ASTEROID_CACHE_DIR": str(profile_cache)}
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "engine",
+                "train",
+                "--plan",
+                str(plan_file),
+                "--iterations",
+                "2",
+                "--rank",
+                str(rank),
+                "--rendezvous",
+                f"127.0.0.1:{port}",
+                "--timeout",
+                "60",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )  # fmt: skip
+        for rank in range(3)
+    ]
+    outs = [p.communicate(timeout=180) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], [err for _, err in outs]
+    assert "iteration 2/2" in outs[0][0]  # rank 0 reports the iterations
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["train", "--cluster", "C"], "train needs --model and --cluster"),
+        (["train", "--model", "mobilenetv2", "--cluster", "Z"], "unknown cluster 'Z'"),
+        (["train", "--plan", "missing.json"], "plan file missing.json does not exist"),
+        (["train", "--model", "mobilenetv2", "--cluster", "C", "--rank", "0"], "needs both --rank and --rendezvous"),
+        (["train", "--model", "nope", "--cluster", "C"], "unknown model 'nope'"),
+        (["train", "--model", "mobilenetv2", "--cluster", "C", "--iterations", "0"], "must be a positive integer"),
+        (["train", "--model", "mobilenetv2", "--cluster", "D", "--dataset", "nope"], "unknown dataset 'nope'"),
+        (
+            ["train", "--model", "mobilenetv2", "--cluster", "D", "--dataset", "cifar10", "--data-dir", "/nonexistent"],
+            "CIFAR-10 not found in /nonexistent",
+        ),
+        (["bench", "reproduce", "--clusters", "AQ"], "--clusters takes letters of ABCD"),
+        (["bench", "reproduce", "--bandwidths", "fast"], "--bandwidths takes comma-separated numbers"),
+        (["bench", "reproduce", "--models", "nope"], "unknown model 'nope'"),
+    ],
+)
+def test_train_errors_are_one_line(capsys, argv, needle):
+    code, _, err = run(capsys, *argv)
+    assert code == 2
+    assert needle in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "extra, needle",
+    [
+        (["--rank", "7", "--rendezvous", "127.0.0.1:1"], "--rank must be between 0 and 2"),
+        (["--rank", "0", "--rendezvous", "nohost"], "--rendezvous must be HOST:PORT"),
+        (["--model", "mobilenetv2"], "either --plan or --model/--cluster"),
+    ],
+)
+def test_distributed_argument_errors(capsys, plan_file, extra, needle):
+    code, _, err = run(capsys, "train", "--plan", str(plan_file), *extra)
+    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1
