@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable, Iterator
 
 import torch
-import torch.distributed as dist
 
 from engine.devices import GIB
 from engine.errors import UserError
@@ -88,20 +87,26 @@ def auto_dilation(ratio: float, processes: int, cores: int | None = None) -> flo
     return max(1.0, ratio * contention * SAFETY)
 
 
-def measure_ratio(step: Callable[[], tuple[float, float]], forward_s: float, backward_s: float) -> float:
-    """The worst host/device time ratio over the process group: each process in turn runs `step` (one
-    forward and backward of its part, returning their real seconds) while the others wait."""
+def measure_ratio(
+    step: Callable[[], tuple[float, float]], forward_s: float, backward_s: float, store, rank: int, world: int
+) -> float:
+    """The worst host/device time ratio over the devices of a run: each process in turn, ordered by rank
+    through the rendezvous `store`, runs `step` (one forward and backward of its part, returning their
+    real seconds) while the others wait. Runs before the process group exists, whose timeout depends on it."""
     step()  # warm-up: the allocator, lazy initialisation
-    ratio = 0.0
-    for rank in range(dist.get_world_size()):
-        dist.barrier()
-        if rank == dist.get_rank():
-            runs = [step() for _ in range(2)]
-            real_f, real_b = min(f for f, _ in runs), min(b for _, b in runs)
-            ratio = max(real_f / max(forward_s, 1e-9), real_b / max(backward_s, 1e-9))
-    worst = torch.tensor([ratio], dtype=torch.float64)
-    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
-    return float(worst)
+    if rank > 0:
+        store.wait([f"calibration/{rank - 1}"])
+    runs = [step() for _ in range(2)]
+    real_f, real_b = min(f for f, _ in runs), min(b for _, b in runs)
+    store.set(f"calibration/{rank}", repr(max(real_f / max(forward_s, 1e-9), real_b / max(backward_s, 1e-9))))
+    store.wait([f"calibration/{r}" for r in range(world)])
+    return max(float(store.get(f"calibration/{r}")) for r in range(world))
+
+
+def group_timeout(timeout_s: float, dilation: float | None, iteration_s: float) -> float:
+    """Seconds a healthy device may wait in a group operation: the timeout plus three (dilated) iterations,
+    since a device idle in the pipeline's bubble waits for most of an iteration."""
+    return timeout_s + 3 * (dilation or 1.0) * iteration_s
 
 
 class DeviceOutOfMemory(UserError):

@@ -31,6 +31,7 @@ from engine.events import StepEvent
 from engine.models import get_model
 from engine.plan import Plan
 from engine.progress import Progress
+from engine.runtime.emulation import group_timeout
 from engine.runtime.worker import DeviceConfig, run_device
 from engine.simulator import simulate
 from engine.steps import device_steps
@@ -329,7 +330,7 @@ def _watch(
                 failed_at, collected.first_dead = t, dead[0]
         if failed_at is not None and t - failed_at > timeout_s:
             break
-        quiet = timeout_s + 3 * (collected.dilation or 1.0) * iteration_s
+        quiet = group_timeout(timeout_s, collected.dilation, iteration_s)
         if failed_at is None and t - last_progress > quiet:
             collected.stalled = True
             break

@@ -46,7 +46,7 @@ from engine.errors import UserError
 from engine.models import get_model
 from engine.plan import Plan, Share, Stage
 from engine.runtime.batches import batch_indices, load
-from engine.runtime.emulation import Clock, auto_dilation, measure_ratio, now
+from engine.runtime.emulation import Clock, auto_dilation, group_timeout, measure_ratio, now
 from engine.steps import DeviceSteps, device_steps
 
 LR, MOMENTUM = 0.05, 0.9
@@ -155,6 +155,7 @@ class _Config:
     seed: int
     dataset: str
     return_state: bool
+    predicted_iteration_s: float
 
     @property
     def world_size(self) -> int:
@@ -189,7 +190,10 @@ def _run(
     store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
     procs = []
     for rank, name in enumerate(names):
-        cfg = _Config(plan, steps[name], rank, store.port, iterations, dilation, timeout_s, seed, dataset, return_state)
+        cfg = _Config(
+            plan, steps[name], rank, store.port, iterations, dilation, timeout_s, seed, dataset, return_state,
+            prediction.iteration_s,
+        )  # fmt: skip
         procs.append(ctx.Process(target=_child, args=(cfg, events), name=f"peer-{plan.method}-{name}", daemon=True))
     for p in procs:
         p.start()
@@ -223,8 +227,9 @@ def _collect(procs: list, names: list[str], events, result: PeerResult, timeout_
                 raise UserError(
                     f"{result.method} peer: device {names[k]} (rank {k}) died (exit code {procs[k].exitcode})"
                 )
-            if t - last_event > 2 * timeout_s:  # every gloo operation times out after timeout_s
-                raise UserError(f"{result.method} peer: stalled, no device reported anything for {2 * timeout_s:.0f} s")
+            quiet = timeout_s + group_timeout(timeout_s, result.dilation, result.predicted_iteration_s)
+            if t - last_event > quiet:  # longer than any gloo operation may wait
+                raise UserError(f"{result.method} peer: stalled, no device reported anything for {quiet:.0f} s")
             continue
         last_event = t
         kind = ev["type"]
@@ -274,12 +279,15 @@ def _child(cfg: _Config, events) -> None:
     sys.exit(code)
 
 
-def _connect(cfg: _Config) -> dist.Store:
-    timeout = timedelta(seconds=cfg.timeout_s)
-    store = dist.TCPStore("127.0.0.1", cfg.port, cfg.world_size, False, timeout=timeout)
-    prefix = dist.PrefixStore(f"peers/{cfg.plan.method}", store)
-    dist.init_process_group("gloo", store=prefix, rank=cfg.rank, world_size=cfg.world_size, timeout=timeout)
-    return prefix
+def _store(cfg: _Config) -> dist.Store:
+    store = dist.TCPStore("127.0.0.1", cfg.port, cfg.world_size, False, timeout=timedelta(seconds=cfg.timeout_s))
+    return dist.PrefixStore(f"peers/{cfg.plan.method}", store)
+
+
+def _join(cfg: _Config, store: dist.Store, clock: Clock) -> None:
+    """The process group, once the dilation is known: its timeout lets a device wait out dilated iterations."""
+    timeout = timedelta(seconds=group_timeout(cfg.timeout_s, clock.dilation, cfg.predicted_iteration_s))
+    dist.init_process_group("gloo", store=store, rank=cfg.rank, world_size=cfg.world_size, timeout=timeout)
 
 
 def _max_over_ranks(value: float) -> float:
@@ -288,7 +296,7 @@ def _max_over_ranks(value: float) -> float:
     return float(t)
 
 
-def _calibrated_clock(cfg: _Config, module: nn.Module, shape_in: tuple | None, last: bool) -> Clock:
+def _calibrated_clock(cfg: _Config, store, module: nn.Module, shape_in: tuple | None, last: bool) -> Clock:
     """The given dilation, or one calibrated like the runtime's (each device measured alone, worst ratio)."""
     if cfg.dilation is not None:
         return Clock(cfg.dilation)
@@ -310,10 +318,10 @@ def _calibrated_clock(cfg: _Config, module: nn.Module, shape_in: tuple | None, l
 
     with torch.random.fork_rng(devices=[]):  # dropout draws leave training's random stream as it was
         state = {k: v.clone() for k, v in module.state_dict().items()}
-        ratio = measure_ratio(step, st.forward_s, st.backward_s)
+        ratio = measure_ratio(step, st.forward_s, st.backward_s, store, cfg.rank, cfg.world_size)
         module.zero_grad(set_to_none=True)
         module.load_state_dict(state)  # batch-norm statistics as they were
-    return Clock(auto_dilation(ratio, dist.get_world_size()))
+    return Clock(auto_dilation(ratio, cfg.world_size))
 
 
 class _Iterations:
@@ -423,8 +431,9 @@ def _train_ddp(cfg: _Config, emit) -> None:
     torch.manual_seed(cfg.seed)  # every process builds the same model; dropout draws then follow this stream
     model = nn.Sequential(*spec.layers())
     model.train()
-    store = _connect(cfg)
-    clock = _calibrated_clock(cfg, model, None, last=True)
+    store = _store(cfg)
+    clock = _calibrated_clock(cfg, store, model, None, last=True)
+    _join(cfg, store, clock)
     ddp = nn.parallel.DistributedDataParallel(model)
     shaper = _LinkShaper(clock, plan.cluster, cfg.world_size, st.backward_s)
     ddp.register_comm_hook(shaper, _shaped_allreduce)
@@ -534,8 +543,9 @@ def _train_pipelining(cfg: _Config, emit) -> None:
     module = nn.Sequential(*layers[stage_plan.start : stage_plan.end])
     del layers
     module.train()
-    store = _connect(cfg)
-    clock = _calibrated_clock(cfg, module, None if first else tuple(example_in.shape[1:]), last)
+    store = _store(cfg)
+    clock = _calibrated_clock(cfg, store, module, None if first else tuple(example_in.shape[1:]), last)
+    _join(cfg, store, clock)
     # The sender pays for the link: its outgoing transfer is padded onto the step that produces it.
     forward_s = st.forward_s + sum(t.seconds for t in st.send_forward)
     backward_s = st.backward_s + sum(t.seconds for t in st.send_backward)

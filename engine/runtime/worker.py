@@ -29,7 +29,7 @@ from engine.events import StepEvent
 from engine.models import get_model
 from engine.plan import Plan
 from engine.runtime.batches import batch_indices, load
-from engine.runtime.emulation import Clock, MemoryMeter, auto_dilation, measure_ratio, now
+from engine.runtime.emulation import Clock, MemoryMeter, auto_dilation, group_timeout, measure_ratio, now
 from engine.schedule import one_f_one_b
 from engine.steps import DeviceSteps
 
@@ -139,20 +139,19 @@ class _Device:
     # -- process groups -------------------------------------------------------------------------------
 
     def connect(self) -> None:
-        """Join generation `cfg.generation` of the rendezvous (its group serves start-up and calibration)."""
+        """Reach the rendezvous store; this run's keys live under `asteroid/gen<generation>/`."""
         cfg = self.cfg
         timeout = timedelta(seconds=cfg.timeout_s)
         store = dist.TCPStore(cfg.host, cfg.port, cfg.world_size, cfg.serve_store, timeout=timeout)
-        prefix = dist.PrefixStore(f"asteroid/gen{cfg.generation}", store)
-        dist.init_process_group("gloo", store=prefix, rank=cfg.rank, world_size=cfg.world_size, timeout=timeout)
+        self.store = dist.PrefixStore(f"asteroid/gen{cfg.generation}", store)
 
     def make_groups(self) -> None:
-        """Training's groups: every device (messages, iteration sync) and each stage (all-reduce). Their
-        timeout allows for a device waiting out a whole (dilated) iteration before its data comes."""
+        """The process group of every device (messages, iteration sync) and one per multi-device stage
+        (all-reduce), with a timeout that lets a device wait out (dilated) iterations for its data."""
         cfg = self.cfg
-        dilation = self.clock.dilation or 1.0
-        timeout = timedelta(seconds=cfg.timeout_s + 3 * dilation * cfg.predicted_iteration_s)
-        self.group = dist.new_group(list(range(cfg.world_size)), timeout=timeout)
+        timeout = timedelta(seconds=group_timeout(cfg.timeout_s, self.clock.dilation, cfg.predicted_iteration_s))
+        dist.init_process_group("gloo", store=self.store, rank=cfg.rank, world_size=cfg.world_size, timeout=timeout)
+        self.group = None  # the default group
         self.stage_group = None
         for st in self.plan.stages:  # every rank creates every group, in the same order
             ranks = sorted(cfg.rank_of(s.name) for s in st.devices)
@@ -191,8 +190,8 @@ class _Device:
         state = {k: v.clone() for k, v in self.module.state_dict().items()}
         with torch.random.fork_rng(devices=[]):  # dropout draws leave training's random stream as it was
             try:
-                ratio = measure_ratio(step, self.st.forward_s, self.st.backward_s)
-            except RuntimeError as exc:
+                ratio = measure_ratio(step, self.st.forward_s, self.st.backward_s, self.store, cfg.rank, cfg.world_size)
+            except RuntimeError as exc:  # the store: a device that never came
                 raise PeerLost(f"calibration failed: {_gloo_message(exc)}") from None
         self.module.zero_grad(set_to_none=True)
         self.module.load_state_dict(state)  # batch-norm statistics as they were
