@@ -206,16 +206,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from engine.simulator import simulate
     from engine.workloads import workload
 
-    path = Path(args.plan)
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UserError(f"plan file {args.plan} does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"cannot read plan file {args.plan}: {exc}") from None
-    except json.JSONDecodeError as exc:
-        raise UserError(f"plan file {args.plan} is not valid JSON: {exc}") from None
-    plan = Plan.from_dict(doc)
+    plan = _read_plan(args.plan)
     sim = simulate(plan, workload(plan.model))
     if args.trace:
         trace = chrome_trace(list(sim.events), plan.device_names, f"{plan.method} {plan.model}")
@@ -230,6 +221,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def _read_plan(arg: str) -> Plan:
+    """A plan file; every problem with it is one line."""
     path = Path(arg)
     try:
         doc = json.loads(path.read_text())
