@@ -19,6 +19,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -173,7 +174,9 @@ def train(
     names = plan.device_names
     ctx = _context()
     events = ctx.Queue()
-    store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=_timedelta(options.timeout_s), wait_for_workers=False)
+    store = dist.TCPStore(
+        "127.0.0.1", 0, None, True, timeout=timedelta(seconds=options.timeout_s), wait_for_workers=False
+    )
     procs = {}
     for rank, name in enumerate(names):
         cfg = DeviceConfig(
@@ -200,7 +203,7 @@ def train(
         procs[name] = ctx.Process(target=_child, args=(cfg, events), name=f"asteroid-{name}", daemon=True)
     started = time.monotonic()
     emit = on_event or (lambda _: None)
-    emit({"type": "run-start", "plan": plan.to_dict(), "iterations": options.iterations, "pid": 0})
+    emit({"type": "run-start", "plan": plan.to_dict(), "iterations": options.iterations})
     for p in procs.values():
         p.start()
     collected = _Collected()
@@ -231,12 +234,6 @@ def train(
         wall_s=wall,
         state_dict=state,
     )
-
-
-def _timedelta(seconds: float):
-    from datetime import timedelta
-
-    return timedelta(seconds=seconds)
 
 
 class _Collected:

@@ -162,12 +162,10 @@ class _Device:
     # -- emulation set-up -----------------------------------------------------------------------------
 
     def calibrate(self) -> None:
-        """Agree on the dilation: the given one, or one from each device's measured host/device time ratio."""
+        """Agree on the dilation: the given one, or one from each device's measured host/device time ratio.
+        Either way the stage first runs once untimed, so no padded step pays for a cold start."""
         cfg = self.cfg
         if not cfg.emulate:
-            return
-        if cfg.dilation is not None:
-            self.clock = Clock(cfg.dilation)
             return
         gen = torch.Generator().manual_seed(cfg.seed + 7919 * (cfg.rank + 1))
         n = self.st.samples
@@ -189,13 +187,18 @@ class _Device:
 
         state = {k: v.clone() for k, v in self.module.state_dict().items()}
         with torch.random.fork_rng(devices=[]):  # dropout draws leave training's random stream as it was
-            try:
-                ratio = measure_ratio(step, self.st.forward_s, self.st.backward_s, self.store, cfg.rank, cfg.world_size)
-            except RuntimeError as exc:  # the store: a device that never came
-                raise PeerLost(f"calibration failed: {_gloo_message(exc)}") from None
+            if cfg.dilation is not None:
+                step()  # warm-up only: the allocator, lazy initialisation
+            else:
+                try:
+                    ratio = measure_ratio(
+                        step, self.st.forward_s, self.st.backward_s, self.store, cfg.rank, cfg.world_size
+                    )
+                except RuntimeError as exc:  # the store: a device that never came
+                    raise PeerLost(f"calibration failed: {_gloo_message(exc)}") from None
         self.module.zero_grad(set_to_none=True)
         self.module.load_state_dict(state)  # batch-norm statistics as they were
-        self.clock = Clock(auto_dilation(ratio, cfg.world_size))
+        self.clock = Clock(cfg.dilation if cfg.dilation is not None else auto_dilation(ratio, cfg.world_size))
 
     # -- messages -------------------------------------------------------------------------------------
 
