@@ -145,12 +145,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     w = workload(args.model, refresh=args.refresh_profile, optimizer=args.optimizer)
     problem = Problem(w, cluster, args.batch_size)
     if args.method != "all":
-        try:
-            plan = make_plan(args.method, problem, progress=sys.stderr.isatty())
-        except NoFeasiblePlan:
-            raise UserError(infeasible_message(problem, args.method)) from None
-        if not plan.predicted.fits:
-            raise UserError(infeasible_message(problem, args.method))
+        plan = fitting_plan(args.method, problem)
         print(json.dumps(plan.to_dict(), indent=2) if args.json else plan_table(plan))
         return 0
     results: dict[str, Plan | str] = {}
@@ -176,6 +171,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print()
         print(plan_table(results["asteroid"]))
     return 0
+
+
+def fitting_plan(method: str, problem: Problem) -> Plan:
+    """The method's plan, or a UserError saying what does not fit and which batch size would."""
+    try:
+        plan = make_plan(method, problem, progress=sys.stderr.isatty())
+    except NoFeasiblePlan:
+        raise UserError(infeasible_message(problem, method)) from None
+    if not plan.predicted.fits:
+        raise UserError(infeasible_message(problem, method))
+    return plan
 
 
 def infeasible_message(problem: Problem, method: str) -> str:
@@ -254,13 +260,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             raise UserError("a distributed run trains a plan file: pass --plan (every device the same)")
         cluster = load_cluster(args.cluster, args.bandwidth_mbps)
         w = workload(args.model)
-        problem = Problem(w, cluster, args.batch_size)
-        try:
-            plan = make_plan(args.method, problem, progress=sys.stderr.isatty())
-        except NoFeasiblePlan:
-            raise UserError(infeasible_message(problem, args.method)) from None
-        if not plan.predicted.fits:
-            raise UserError(infeasible_message(problem, args.method))
+        plan = fitting_plan(args.method, Problem(w, cluster, args.batch_size))
     plan.validate(w.num_layers)
     options = RunOptions(
         iterations=args.iterations,

@@ -145,15 +145,12 @@ def _child(cfg: DeviceConfig, events) -> None:
     sys.exit(code)
 
 
-_CONTEXT = None
-
-
-def _context():
-    global _CONTEXT
-    if _CONTEXT is None:
-        _CONTEXT = mp.get_context("forkserver")
-        _CONTEXT.set_forkserver_preload(["engine.runtime.worker"])
-    return _CONTEXT
+def process_context():
+    """Device processes fork from a server that imported torch and the device code once (fast starts,
+    and no fork of a parent whose torch threads are already running)."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["engine.runtime.worker", "engine.runtime.peers"])
+    return ctx
 
 
 def train(
@@ -172,7 +169,7 @@ def train(
     get_dataset(options.dataset, get_model(plan.model), options.data_dir, options.dataset_size, options.seed)
     steps = device_steps(plan, workload)
     names = plan.device_names
-    ctx = _context()
+    ctx = process_context()
     events = ctx.Queue()
     store = dist.TCPStore(
         "127.0.0.1", 0, None, True, timeout=timedelta(seconds=options.timeout_s), wait_for_workers=False

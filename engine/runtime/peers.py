@@ -25,7 +25,6 @@ its measured iteration time (wall / dilation) is comparable with the runtime's a
 from __future__ import annotations
 
 import io
-import multiprocessing as mp
 import queue as queue_mod
 import signal
 import statistics
@@ -47,6 +46,7 @@ from engine.models import get_model
 from engine.plan import Plan, Share, Stage
 from engine.runtime.batches import batch_indices, load
 from engine.runtime.emulation import Clock, auto_dilation, group_timeout, measure_ratio, now
+from engine.runtime.launcher import process_context
 from engine.steps import DeviceSteps, device_steps
 
 LR, MOMENTUM = 0.05, 0.9
@@ -185,7 +185,7 @@ def _run(
         )
     steps = device_steps(plan, workload)
     names = plan.device_names
-    ctx = _context()
+    ctx = process_context()
     events = ctx.Queue()
     store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
     procs = []
@@ -248,17 +248,6 @@ def _collect(procs: list, names: list[str], events, result: PeerResult, timeout_
                 parts.update(torch.load(io.BytesIO(ev["state"]), weights_only=True))
     if parts:
         result.state_dict = parts
-
-
-_CONTEXT = None
-
-
-def _context():
-    global _CONTEXT
-    if _CONTEXT is None:
-        _CONTEXT = mp.get_context("forkserver")
-        _CONTEXT.set_forkserver_preload(["engine.runtime.peers"])
-    return _CONTEXT
 
 
 # -- one device process --------------------------------------------------------------------------------
