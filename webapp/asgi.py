@@ -1,4 +1,4 @@
-"""ASGI entry point served by daphne: HTTP (with static files) now; WebSocket routes join the router here."""
+"""ASGI entry point served by daphne: HTTP (with static files), the browsers' job sockets and the agents' socket."""
 
 import os
 
@@ -7,8 +7,21 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 django_asgi = get_asgi_application()  # before importing anything that touches models
 
-from channels.routing import ProtocolTypeRouter  # noqa: E402
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
+from django.urls import path  # noqa: E402
+
+from webapp.accounts.sockets import SessionOrToken  # noqa: E402
+from webapp.devices.consumers import AgentConsumer  # noqa: E402
+from webapp.jobs.consumers import JobConsumer  # noqa: E402
+
+websocket = URLRouter(
+    [
+        # Agents: no browser, no Origin header, no cookie; the device credential authenticates them.
+        path("ws/agent/", AgentConsumer.as_asgi()),
+        path("ws/jobs/<int:job_id>/", SessionOrToken(JobConsumer.as_asgi())),
+    ]
+)
 
 # One daphne process serves everything, static files included (from the finders, no collectstatic needed).
-application = ProtocolTypeRouter({"http": ASGIStaticFilesHandler(django_asgi)})
+application = ProtocolTypeRouter({"http": ASGIStaticFilesHandler(django_asgi), "websocket": websocket})

@@ -1,11 +1,15 @@
 """Start the whole site on one machine: `python -m webapp.launch` (what `make run` does).
 
 Starts an embedded Redis unless REDIS_URL is set, applies migrations, makes sure an `admin` account exists,
-then runs daphne (webapp.asgi) and a Celery worker until Ctrl-C or SIGTERM, and stops everything it started.
+then runs daphne (webapp.asgi), a Celery worker with beat (planning, health checks) and one emulated device
+agent per device of cluster `ASTEROID_CLUSTER` (default C; `none` for no agents), until Ctrl-C or SIGTERM,
+and stops everything it started. The agents enroll like real boards: the launcher registers their devices
+and hands each a one-time enrollment token; their credentials are kept in var/agents/.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import signal
@@ -13,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -94,21 +99,72 @@ def ensure_admin() -> str | None:
     return password
 
 
-def serve(port: int, redis_url: str, redis_note: str, admin_password: str | None) -> int:
-    """Run daphne and a Celery worker until a signal or until one of them dies; returns the exit code."""
+def cluster_from_env():
+    """The built-in cluster whose devices are emulated (`ASTEROID_CLUSTER`, default C), or None for `none`."""
+    from engine.devices import CLUSTERS
+
+    value = os.environ.get("ASTEROID_CLUSTER", "").strip() or "C"
+    if value.lower() in ("none", "0", "off"):
+        return None
+    if value.upper() not in CLUSTERS:
+        known = ", ".join(CLUSTERS)
+        raise LaunchError(f"ASTEROID_CLUSTER={value!r} is not a built-in cluster; use one of {known} or none")
+    return CLUSTERS[value.upper()]
+
+
+def agent_commands(cluster, server: str, state_dir: Path) -> dict[str, list[str]]:
+    """The command line of an emulated agent per device of `cluster`, registering devices that are new.
+    A device whose saved credential no longer works (new database, revoked) gets a fresh enrollment token."""
+    from engine.devices import SHORT
+    from webapp.devices.models import Device
+
+    state_dir.mkdir(parents=True, exist_ok=True)
+    commands = {}
+    for d in cluster.devices:
+        device, _ = Device.objects.get_or_create(name=d.name, defaults={"kind": d.kind})
+        if device.status == Device.Status.DISABLED:
+            print(f"  {d.name} is disabled: its agent is not started")
+            continue
+        state = state_dir / f"{d.name}.json"
+        args = [sys.executable, "-m", "workers.agent", "--server", server, "--emulate", SHORT[d.kind]]
+        args += ["--state", str(state)]
+        if Device.for_credential(_saved_credential(state)) != device:
+            state.unlink(missing_ok=True)
+            args += ["--token", device.issue_enrollment()]
+        commands[d.name] = args
+    return commands
+
+
+def _saved_credential(state: Path) -> str | None:
+    try:
+        return json.loads(state.read_text()).get("credential")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def serve(port: int, redis_url: str, redis_note: str, admin_password: str | None, cluster=None) -> int:
+    """Run daphne, a Celery worker (with beat) and the emulated agents until a signal or until the server dies."""
+    from django.conf import settings
+
     env = {**os.environ, "REDIS_URL": redis_url}
     python = sys.executable
     procs: dict[str, subprocess.Popen] = {}
+    agents: dict[str, subprocess.Popen] = {}
     try:
         # -W: Celery warns at length when run as root (containers, lab boards); it only matters with pickle,
         # and this app accepts JSON only. (A category filter cannot name celery's class before it is imported.)
         quiet_root = "ignore:You're running the worker with superuser privileges"
         worker = ["-W", quiet_root, "-m", "celery", "-A", "webapp", "--quiet"]
-        procs["celery worker"] = spawn([python, *worker, "worker", "--loglevel=WARNING", "--concurrency=2"], env=env)
+        procs["celery worker"] = spawn(
+            [python, *worker, "worker", "--beat", "--loglevel=WARNING", "--concurrency=2"], env=env
+        )
         procs["daphne"] = spawn(
             [python, "-m", "daphne", "-b", HOST, "-p", str(port), "webapp.asgi:application"], env=env
         )
         wait_for_port(port, procs["daphne"])
+        if cluster is not None:
+            commands = agent_commands(cluster, f"http://{HOST}:{port}", settings.VAR_DIR / "agents")
+            agents = {name: spawn(args, env=env) for name, args in commands.items()}
         print(f"\nAsteroid is running at http://{HOST}:{port}/", flush=True)
         if admin_password:
             shown = "(from ASTEROID_ADMIN_PASSWORD)" if os.environ.get("ASTEROID_ADMIN_PASSWORD") else admin_password
@@ -116,11 +172,17 @@ def serve(port: int, redis_url: str, redis_note: str, admin_password: str | None
         else:
             print(f"  log in as {ADMIN}: the account exists, its password is unchanged")
         print(f"  Redis: {redis_url} ({redis_note})")
+        if agents:
+            print(f"  Emulated devices of cluster {cluster.name}: {', '.join(agents)} (their agents log below)")
         print("  Press Ctrl-C to stop.\n", flush=True)
         while True:
             for name, proc in procs.items():
                 if proc.poll() is not None:
                     raise LaunchError(f"{name} exited with code {proc.returncode}; stopping")
+            for name, proc in list(agents.items()):
+                if proc.poll() is not None:  # a device going away is something the site shows, not a reason to stop
+                    print(f"warning: the agent of {name} exited with code {proc.returncode}", flush=True)
+                    del agents[name]
             time.sleep(0.5)  # supervision interval: how soon a crashed child is noticed
     except Stop as sig:
         print(f"\n{sig}: stopping ...", flush=True)
@@ -128,7 +190,7 @@ def serve(port: int, redis_url: str, redis_note: str, admin_password: str | None
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the shutdown short
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        for proc in reversed(procs.values()):
+        for proc in [*agents.values(), *reversed(procs.values())]:
             stop(proc)
 
 
@@ -142,13 +204,14 @@ def main() -> int:
         setup_django()  # reads every setting: a bad one fails here, before anything starts
         from django.conf import settings
 
+        cluster = cluster_from_env()
         redis_url, redis_note = settings.REDIS_URL, "from REDIS_URL"
         if not redis_url:
             redis = EmbeddedRedis(settings.VAR_DIR / "redis")
             redis_url, redis_note = redis.start(), "embedded, stops with this launcher"
         migrate()
         password = ensure_admin()
-        return serve(port, redis_url, redis_note, password)
+        return serve(port, redis_url, redis_note, password, cluster)
     except (LaunchError, ImproperlyConfigured, RedisStartError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -2,10 +2,13 @@
 
 from pathlib import Path
 
+import plotly
+
 from webapp.env import database_config, env_bool, env_int, env_list, env_str, redis_url, secret_key
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-VAR_DIR = BASE_DIR / "var"  # runtime files: SQLite database, dev secret key, embedded Redis, collected static
+# Runtime files: SQLite database, dev secret key, embedded Redis, agents' credentials, job files, collected static.
+VAR_DIR = Path(env_str("ASTEROID_VAR_DIR", str(BASE_DIR / "var")))
 
 DEBUG = env_bool("DJANGO_DEBUG", True)
 SECRET_KEY = secret_key(DEBUG, VAR_DIR / "secret_key")
@@ -21,7 +24,9 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "channels",
+    "webapp.accounts",
     "webapp.devices",
+    "webapp.jobs",
     "webapp.front",
 ]
 
@@ -56,7 +61,7 @@ TEMPLATES = [
 
 DATABASES = {"default": database_config(env_str("DATABASE_URL", f"sqlite:///{VAR_DIR / 'db.sqlite3'}"))}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
-    VAR_DIR.mkdir(exist_ok=True)
+    VAR_DIR.mkdir(parents=True, exist_ok=True)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -76,7 +81,9 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATICFILES_DIRS = [BASE_DIR / "static"]
+# plotly.js is served from the plotly package itself (static/vendor/plotly/plotly.min.js): no CDN, and the
+# browser's plotly.js is always the one the server's figures were made for.
+STATICFILES_DIRS = [BASE_DIR / "static", ("vendor/plotly", Path(plotly.__file__).parent / "package_data")]
 STATIC_ROOT = VAR_DIR / "static"
 
 # Redis carries Celery's broker and results and the Channels layer. Empty: `make run` starts an embedded
@@ -97,6 +104,19 @@ CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
 CELERY_TASK_TIME_LIMIT = env_int("ASTEROID_TASK_TIME_LIMIT", 3600, minimum=1)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BEAT_SCHEDULE = {
+    "health-check": {"task": "webapp.jobs.tasks.health_check", "schedule": env_int("ASTEROID_HEARTBEAT_S", 5, 1)},
+}
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+
+# Devices and runs (README "Configuration").
+ASTEROID_HEARTBEAT_S = env_int("ASTEROID_HEARTBEAT_S", 5, minimum=1)  # agents send one this often
+ASTEROID_MISSED_HEARTBEATS = 3  # a device this many heartbeats late is offline
+ASTEROID_ACCEPT_TIMEOUT_S = env_int("ASTEROID_ACCEPT_TIMEOUT_S", 60, minimum=1)  # for agents to accept a launch
+ASTEROID_RUN_TIMEOUT_S = env_int("ASTEROID_RUN_TIMEOUT_S", 60, minimum=1)  # the runtime's rendezvous timeout
+ASTEROID_AGENT_MAX_MESSAGE = 256 * 1024  # bytes of one agent message; larger ones are rejected
+ASTEROID_MAX_PART_BYTES = env_int("ASTEROID_MAX_PART_BYTES", 2 * 1024**3, minimum=1)  # one uploaded model part
+ASTEROID_JOBS_DIR = VAR_DIR / "jobs"  # each job's uploaded parts and assembled model
 
 # Production (DJANGO_DEBUG=0): HTTPS-only cookies, HSTS and redirects, each switchable for a TLS-terminating proxy.
 if not DEBUG:

@@ -1,13 +1,43 @@
-"""URL routes: home page, login/logout, Django admin."""
+"""URL routes: pages, the JSON API, the agents' HTTP endpoints, login/logout, Django admin."""
 
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
+from webapp.accounts import views as accounts
+from webapp.devices import api as devices_api
+from webapp.devices import views as devices
 from webapp.front import views as front
+from webapp.jobs import api as jobs_api
+from webapp.jobs import views as jobs
 
 urlpatterns = [
     path("", front.home, name="home"),
+    path("devices/", devices.device_list, name="devices"),
+    path("devices/add/", devices.device_add, name="device-add"),
+    path("devices/<int:device_id>/token/", devices.device_token, name="device-token"),
+    path("devices/<int:device_id>/disable/", devices.device_disable, name="device-disable"),
+    path("devices/<int:device_id>/enable/", devices.device_enable, name="device-enable"),
+    path("devices/<int:device_id>/remove/", devices.device_remove, name="device-remove"),
+    path("jobs/", jobs.job_list, name="jobs"),
+    path("jobs/new/", jobs.job_new, name="job-new"),
+    path("jobs/<int:job_id>/", jobs.job_detail, name="job"),
+    path("jobs/<int:job_id>/replan/", jobs.job_replan, name="job-replan"),
+    path("jobs/<int:job_id>/launch/", jobs.job_launch, name="job-launch"),
+    path("jobs/<int:job_id>/live/", jobs.job_live, name="job-live"),
+    path("jobs/<int:job_id>/cancel/", jobs.job_cancel, name="job-cancel"),
+    path("jobs/<int:job_id>/model.pt", jobs.job_model, name="job-model"),
+    path("jobs/<int:job_id>/trace.json", jobs.job_trace, name="job-trace"),
+    path("profile/", accounts.profile, name="profile"),
+    path("profile/tokens/<int:token_id>/revoke/", accounts.revoke, name="token-revoke"),
+    path("api/devices/", devices_api.devices),
+    path("api/devices/<int:device_id>/token/", devices_api.token),
+    path("api/jobs/", jobs_api.jobs),
+    path("api/jobs/<int:job_id>/", jobs_api.job),
+    path("api/jobs/<int:job_id>/launch/", jobs_api.launch),
+    path("api/jobs/<int:job_id>/cancel/", jobs_api.cancel),
+    path("api/agent/enroll/", devices_api.enroll),
+    path("api/agent/jobs/<int:job_id>/part/", devices_api.upload_part),
     path("accounts/login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),

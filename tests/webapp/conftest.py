@@ -16,3 +16,36 @@ def alice(db):
 def bob(db):
     """A normal user."""
     return get_user_model().objects.create_user("bob", "bob@example.com", PASSWORD)
+
+
+@pytest.fixture
+def carol(db):
+    """Another normal user: bob's jobs are none of her business."""
+    return get_user_model().objects.create_user("carol", "carol@example.com", PASSWORD)
+
+
+@pytest.fixture(autouse=True)
+def _jobs_dir(settings, tmp_path):
+    """Each test keeps uploaded model parts in its own folder."""
+    settings.ASTEROID_JOBS_DIR = tmp_path / "jobs"
+
+
+@pytest.fixture
+def cluster_c(db):
+    """The devices of cluster C, registered and online (as if their agents had said hello)."""
+    from django.utils import timezone
+
+    from engine.devices import CLUSTERS
+    from webapp.devices.models import Device
+
+    return [
+        Device.objects.create(
+            name=d.name,
+            kind=d.kind,
+            status=Device.Status.ONLINE,
+            last_heartbeat=timezone.now(),
+            measured={"emulated": True},
+            address="127.0.0.1",
+        )
+        for d in CLUSTERS["C"].devices
+    ]

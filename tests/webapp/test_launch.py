@@ -21,7 +21,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def launcher_env(tmp_path, **extra):
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "ASTEROID_ADMIN_PASSWORD")}
-    return {**env, "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}", "ASTEROID_PORT": str(free_port()), **extra}
+    private = {"ASTEROID_VAR_DIR": str(tmp_path / "var"), "ASTEROID_CLUSTER": "none"}  # agents: tests/e2e
+    return {**env, **private, "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}", "ASTEROID_PORT": str(free_port()),
+            **extra}  # fmt: skip
 
 
 def children_of(pid: int) -> list[int]:
@@ -51,6 +53,7 @@ def alive(pid: int) -> bool:
         ({"DATABASE_URL": "postgres://u@h:port/db"}, "error: DATABASE_URL='postgres://u@h:port/db' is malformed"),
         ({"ASTEROID_PORT": "80000"}, "error: ASTEROID_PORT='80000' is not a TCP port (1-65535)"),
         ({"DJANGO_DEBUG": "sometimes"}, "error: DJANGO_DEBUG='sometimes' is not a boolean"),
+        ({"ASTEROID_CLUSTER": "Z"}, "error: ASTEROID_CLUSTER='Z' is not a built-in cluster; use one of A, B, C, D"),
     ],
 )
 def test_bad_setting_is_one_line_and_nonzero(tmp_path, extra, message):

@@ -1,13 +1,14 @@
-"""The Device model: one registered board, its capacity and its last known state."""
+"""The Device model: one registered board, its capacity, its agent's credential and its last known state."""
 
 from __future__ import annotations
 
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
-from django.db import models
+from django.db import models, transaction
 
 from engine.devices import KINDS
 from engine.devices import Device as EngineDevice
+from webapp.lib.tokens import new_token, token_hash
 
 CUSTOM = "custom"
 
@@ -35,6 +36,15 @@ class Device(models.Model):
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.OFFLINE)
     last_heartbeat = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # The agent: a single-use enrollment token until it enrolls, then its credential; both only as hashes.
+    enrollment_hash = models.CharField(max_length=64, blank=True, db_index=True, editable=False)
+    credential_hash = models.CharField(max_length=64, blank=True, db_index=True, editable=False)
+    # Its event stream: the agent process (`session`) and the last event stored from it (duplicates are dropped).
+    session = models.CharField(max_length=64, blank=True, editable=False)
+    last_seq = models.BigIntegerField(default=0, editable=False)
+    address = models.CharField(max_length=64, blank=True, help_text="Where other devices reach its agent.")
+    measured = models.JSONField(default=dict, blank=True, help_text="What its agent measured and reported.")
+    job = models.ForeignKey("jobs.Job", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
 
     class Meta:
         ordering = ["name"]
@@ -61,6 +71,46 @@ class Device(models.Model):
             self.gflops = kind.gflops
         super().save(*args, **kwargs)
 
+    @property
+    def enrolled(self) -> bool:
+        return bool(self.credential_hash)
+
+    @property
+    def available(self) -> bool:
+        """Online and idle: it can take a job."""
+        return self.status == self.Status.ONLINE and self.job_id is None
+
+    def issue_enrollment(self) -> str:
+        """A new single-use enrollment token; the current credential stops working now (re-enrollment)."""
+        token = new_token("ast_enroll")
+        self.enrollment_hash, self.credential_hash, self.session, self.last_seq = token_hash(token), "", "", 0
+        if self.status in (self.Status.ONLINE, self.Status.BUSY):
+            self.status = self.Status.OFFLINE
+        self.save(update_fields=["enrollment_hash", "credential_hash", "session", "last_seq", "status"])
+        return token
+
+    @classmethod
+    def enroll(cls, token: str) -> tuple[Device, str] | None:
+        """Exchange an enrollment token for a device credential, once; None for an unknown or used token."""
+        if not token:
+            return None
+        credential = new_token("ast_dev")
+        with transaction.atomic():
+            device = cls.objects.filter(enrollment_hash=token_hash(token)).first()
+            # The claim is one conditional UPDATE: two agents racing with the same token cannot both win.
+            if device is None or not cls.objects.filter(pk=device.pk, enrollment_hash=device.enrollment_hash).update(
+                enrollment_hash="", credential_hash=token_hash(credential), session="", last_seq=0
+            ):
+                return None
+        device.refresh_from_db()
+        return device, credential
+
+    @classmethod
+    def for_credential(cls, credential: str | None) -> Device | None:
+        if not credential:
+            return None
+        return cls.objects.filter(credential_hash=token_hash(credential)).exclude(credential_hash="").first()
+
     def to_dict(self) -> dict:
         return {
             "id": self.pk,
@@ -69,7 +119,10 @@ class Device(models.Model):
             "memory_gb": self.memory_gb,
             "gflops": self.gflops,
             "status": self.status,
+            "enrolled": self.enrolled,
             "last_heartbeat": self.last_heartbeat.isoformat() if self.last_heartbeat else None,
+            "measured": self.measured,
+            "job": self.job_id,
             "created_at": self.created_at.isoformat() if self.created_at else None,
         }
 

@@ -1,0 +1,540 @@
+/* Live job page: follows /ws/jobs/<id>/ (docs/protocol.md, "Browser socket") and keeps the page current.
+ *
+ * Needs, in the page: #live (data-ws-url, data-devices, data-predicted, data-iterations), #throughput-chart,
+ * #loss-chart, #timeline-chart, #device-states (rows <tr data-device="NAME"><td>NAME</td><td class="state">),
+ * #event-log (<ol>), #job-status, #job-progress, #measured-throughput, #cancel-form, and any .when-finished
+ * elements (hidden until the job ends). Charts need the global Plotly (static/js/plotly.min.js); without it
+ * the tables, log and status still update. Defines no globals.
+ */
+(function () {
+  'use strict';
+
+  const FINISHED = ['completed', 'failed', 'cancelled'];
+  const FLUSH_MS = 250; // iteration points reach the charts at most 4 times a second
+  const GANTT_MS = 500; // the timeline is redrawn at most twice a second
+  const MEAN_OF = 5; // measured throughput: mean of the last 5 iterations
+  const LOG_LIMIT = 500;
+  const RETRY_FIRST_MS = 1000;
+  const RETRY_MAX_MS = 30000;
+  const NO_RETRY_CODES = [4403, 4404]; // refused: not the user's job, or no such job
+
+  // Same look as webapp/jobs/figures.py (timeline_figure and the layout helper).
+  const FONT = 'system-ui, -apple-system, "Segoe UI", Roboto, sans-serif';
+  const GRID = '#e3e6eb';
+  const ACCENT = '#2d5bd7';
+  const STEP_GROUPS = { F: 'forward', B: 'backward', send: 'transfer', recv: 'transfer', 'all-reduce': 'all-reduce' };
+  const STEP_COLORS = { forward: '#2d5bd7', backward: '#e07b39', transfer: '#9aa3b2', 'all-reduce': '#1f8a4c' };
+  const PLOT_CONFIG = { responsive: true, displaylogo: false };
+
+  const root = document.getElementById('live');
+  if (!root) return;
+
+  const page = {
+    wsUrl: root.dataset.wsUrl,
+    devices: parseJson(root.dataset.devices, []),
+    predicted: positive(parseFloat(root.dataset.predicted)), // 0 or missing: no prediction to draw
+    total: parseInt(root.dataset.iterations, 10) || 0,
+  };
+
+  const live = {
+    socket: null,
+    retryMs: RETRY_FIRST_MS,
+    retryTimer: null,
+    leaving: false,
+    finished: false,
+    seen: new Set(), // iteration numbers already drawn or buffered
+    points: [], // drawn points: {x, throughput, loss}, x = iteration number + 1
+    pending: [], // points waiting for the next flush
+    flushTimer: null,
+    steps: [],
+    ganttTimer: null,
+    ganttDrawnAt: 0,
+  };
+
+  /* ---------- small helpers ---------- */
+
+  function $(id) {
+    return document.getElementById(id);
+  }
+
+  function parseJson(text, fallback) {
+    try {
+      return text ? JSON.parse(text) : fallback;
+    } catch (err) {
+      console.warn('live.js: cannot parse', text, err);
+      return fallback;
+    }
+  }
+
+  function positive(value) {
+    return isNumber(value) && value > 0 ? value : NaN;
+  }
+
+  function hasPlotly() {
+    return typeof window.Plotly !== 'undefined';
+  }
+
+  function isNumber(value) {
+    return typeof value === 'number' && isFinite(value);
+  }
+
+  function baseLayout(extra) {
+    return Object.assign(
+      {
+        template: 'none',
+        autosize: true, // fill the chart box (its height comes from the CSS)
+        font: { family: FONT, size: 13, color: '#1d2330' },
+        paper_bgcolor: '#ffffff',
+        plot_bgcolor: '#ffffff',
+        margin: { l: 70, r: 20, t: 30, b: 50 },
+        legend: { orientation: 'h', x: 0, y: 1.0, xanchor: 'left', yanchor: 'bottom' },
+        hoverlabel: { font: { family: FONT } },
+      },
+      extra
+    );
+  }
+
+  function axis(title, extra) {
+    return Object.assign({ title: { text: title }, gridcolor: GRID, zerolinecolor: GRID, automargin: true }, extra || {});
+  }
+
+  /* ---------- status, progress, devices, log ---------- */
+
+  function setSocketState(state) {
+    root.dataset.socket = state; // connecting | open | reconnecting | closed (handy for end-to-end tests)
+  }
+
+  function showStatus(status, message) {
+    const el = $('job-status');
+    if (!el) return;
+    el.textContent = status;
+    Array.from(el.classList)
+      .filter((c) => c.indexOf('status-') === 0)
+      .forEach((c) => el.classList.remove(c));
+    el.classList.add('status-' + status.replace(/[^a-z-]/g, ''));
+    if (message === undefined) return;
+    el.title = message || '';
+    const line = $('job-message'); // optional: the status message in full
+    if (line) line.textContent = message || '';
+  }
+
+  function applyStatus(status, message) {
+    if (!status) return;
+    showStatus(status, message);
+    if (FINISHED.indexOf(status) >= 0) markFinished();
+  }
+
+  function markFinished() {
+    live.finished = true;
+    const cancel = $('cancel-form');
+    if (cancel) cancel.hidden = true;
+    document.querySelectorAll('.when-finished').forEach((el) => el.removeAttribute('hidden'));
+  }
+
+  function showProgress() {
+    const el = $('job-progress');
+    if (!el) return;
+    const done = live.seen.size;
+    el.textContent = page.total ? done + ' / ' + page.total : String(done);
+  }
+
+  function showMeasuredThroughput() {
+    const el = $('measured-throughput');
+    if (!el) return;
+    const all = live.points.concat(live.pending).filter((p) => isNumber(p.throughput));
+    all.sort((a, b) => a.x - b.x);
+    const last = all.slice(-MEAN_OF);
+    if (!last.length) {
+      el.textContent = '–';
+      return;
+    }
+    const mean = last.reduce((sum, p) => sum + p.throughput, 0) / last.length;
+    el.textContent = mean.toFixed(1);
+    el.title = 'mean of the last ' + last.length + ' iteration' + (last.length === 1 ? '' : 's') + ', samples/s';
+  }
+
+  function deviceRow(name) {
+    const body = $('device-states');
+    if (!body) return null;
+    const found = Array.from(body.querySelectorAll('tr[data-device]')).find((tr) => tr.dataset.device === name);
+    if (found) return found;
+    const tr = document.createElement('tr'); // a device the page did not list (e.g. after a re-plan)
+    tr.dataset.device = name;
+    const nameCell = document.createElement('td');
+    nameCell.textContent = name;
+    const stateCell = document.createElement('td');
+    stateCell.className = 'state';
+    tr.append(nameCell, stateCell);
+    body.appendChild(tr);
+    return tr;
+  }
+
+  function setDeviceState(name, state) {
+    const row = deviceRow(name);
+    const cell = row && row.querySelector('.state');
+    if (!cell) return;
+    cell.textContent = state;
+    Array.from(cell.classList)
+      .filter((c) => c.indexOf('state-') === 0)
+      .forEach((c) => cell.classList.remove(c));
+    cell.classList.add('state-' + String(state).replace(/[^a-z-]/g, ''));
+  }
+
+  function formatTime(iso) {
+    const when = new Date(iso);
+    return isNaN(when.getTime()) ? '' : when.toLocaleTimeString();
+  }
+
+  function logEntry(entry) {
+    const li = document.createElement('li');
+    li.className = 'log-' + String(entry.level || 'info').replace(/[^a-z]/g, '');
+    const time = document.createElement('time');
+    if (entry.time) time.dateTime = entry.time;
+    time.textContent = formatTime(entry.time);
+    li.append(time, ' ', String(entry.message || ''));
+    return li;
+  }
+
+  function appendLog(entries) {
+    const list = $('event-log');
+    if (!list) return;
+    const atBottom = list.scrollHeight - list.scrollTop - list.clientHeight < 8;
+    const fragment = document.createDocumentFragment();
+    entries.forEach((entry) => fragment.appendChild(logEntry(entry)));
+    list.appendChild(fragment);
+    while (list.children.length > LOG_LIMIT) list.removeChild(list.firstElementChild);
+    if (atBottom) list.scrollTop = list.scrollHeight;
+  }
+
+  /* ---------- throughput and loss charts ---------- */
+
+  function toPoint(msg) {
+    return {
+      iteration: msg.iteration,
+      x: msg.iteration + 1,
+      throughput: isNumber(msg.throughput) ? msg.throughput : null,
+      loss: isNumber(msg.loss) ? msg.loss : null,
+    };
+  }
+
+  function predictedLine(lastX) {
+    const end = Math.max(page.total, lastX || 0, 1);
+    return {
+      x: isNumber(page.predicted) ? [1, end] : [],
+      y: isNumber(page.predicted) ? [page.predicted, page.predicted] : [],
+      type: 'scatter',
+      mode: 'lines',
+      name: 'predicted',
+      line: { color: '#5b6475', dash: 'dash', width: 2 },
+      hovertemplate: 'predicted %{y:.1f} samples/s<extra></extra>',
+    };
+  }
+
+  function drawLineCharts() {
+    if (!hasPlotly()) return;
+    const pts = live.points;
+    const xs = pts.map((p) => p.x);
+    const throughputDiv = $('throughput-chart');
+    if (throughputDiv) {
+      const measured = {
+        x: xs,
+        y: pts.map((p) => p.throughput),
+        type: 'scatter',
+        mode: 'lines+markers',
+        name: 'measured',
+        line: { color: ACCENT, width: 2 },
+        marker: { size: 5 },
+        hovertemplate: 'iteration %{x}: %{y:.1f} samples/s<extra></extra>',
+      };
+      const layout = baseLayout({
+        xaxis: axis('iteration', { rangemode: 'tozero' }),
+        yaxis: axis('throughput (samples/s)', { rangemode: 'tozero' }),
+      });
+      Plotly.react(throughputDiv, [measured, predictedLine(xs[xs.length - 1])], layout, PLOT_CONFIG);
+    }
+    const lossDiv = $('loss-chart');
+    if (lossDiv) {
+      const loss = {
+        x: xs,
+        y: pts.map((p) => p.loss),
+        type: 'scatter',
+        mode: 'lines+markers',
+        name: 'loss',
+        line: { color: '#e07b39', width: 2 },
+        marker: { size: 5 },
+        hovertemplate: 'iteration %{x}: loss %{y:.4f}<extra></extra>',
+      };
+      const layout = baseLayout({
+        showlegend: false,
+        xaxis: axis('iteration', { rangemode: 'tozero' }),
+        yaxis: axis('loss'),
+      });
+      Plotly.react(lossDiv, [loss], layout, PLOT_CONFIG);
+    }
+  }
+
+  function queueIteration(msg) {
+    if (!msg || !isNumber(msg.iteration) || live.seen.has(msg.iteration)) return;
+    live.seen.add(msg.iteration);
+    live.pending.push(toPoint(msg));
+    if (live.flushTimer === null) live.flushTimer = setTimeout(flushIterations, FLUSH_MS);
+  }
+
+  function flushIterations() {
+    live.flushTimer = null;
+    if (!live.pending.length) return;
+    const fresh = live.pending.sort((a, b) => a.x - b.x);
+    live.pending = [];
+    const lastX = live.points.length ? live.points[live.points.length - 1].x : -Infinity;
+    const inOrder = fresh[0].x > lastX;
+    live.points = live.points.concat(fresh);
+    if (!inOrder) live.points.sort((a, b) => a.x - b.x);
+    showProgress();
+    showMeasuredThroughput();
+    if (!hasPlotly()) return;
+    const throughputDiv = $('throughput-chart');
+    const lossDiv = $('loss-chart');
+    const drawn = (div) => div && div.data; // Plotly has drawn into it
+    if (!inOrder || !drawn(throughputDiv) || !drawn(lossDiv)) {
+      drawLineCharts(); // a point went back in time (or no chart yet): redraw from scratch
+      return;
+    }
+    const xs = fresh.map((p) => p.x);
+    Plotly.extendTraces(throughputDiv, { x: [xs], y: [fresh.map((p) => p.throughput)] }, [0]);
+    Plotly.extendTraces(lossDiv, { x: [xs], y: [fresh.map((p) => p.loss)] }, [0]);
+    const newLast = xs[xs.length - 1];
+    if (isNumber(page.predicted) && newLast > Math.max(page.total, 1)) {
+      Plotly.restyle(throughputDiv, { x: [[1, newLast]] }, [1]);
+    }
+  }
+
+  /* ---------- step timeline ---------- */
+
+  function keepLatestSteps(steps) {
+    let latest = -Infinity;
+    steps.forEach((s) => {
+      if (isNumber(s.iteration) && s.iteration > latest) latest = s.iteration;
+    });
+    return steps.filter((s) => !isNumber(s.iteration) || s.iteration >= latest - 1);
+  }
+
+  function stepHover(s) {
+    const what = { F: 'forward', B: 'backward', send: 'send', recv: 'receive' }[s.kind] || s.kind;
+    let head = s.device + ' · ' + what;
+    if (s.micro_batch >= 0) head += ' micro-batch ' + s.micro_batch;
+    if (s.peer) head += (s.kind === 'send' ? ' to ' : ' from ') + s.peer;
+    const ms = (t) => (t * 1000).toFixed(2);
+    return (
+      head + '<br>stage ' + s.stage + ', iteration ' + s.iteration + '<br>' +
+      ms(s.start) + ' – ' + ms(s.end) + ' ms (' + ms(s.end - s.start) + ' ms)'
+    );
+  }
+
+  function ganttTraces(steps) {
+    return Object.keys(STEP_COLORS).map((group) => {
+      const chosen = steps.filter((s) => (STEP_GROUPS[s.kind] || 'transfer') === group);
+      return {
+        type: 'bar',
+        orientation: 'h',
+        name: group,
+        y: chosen.map((s) => s.device),
+        x: chosen.map((s) => s.end - s.start),
+        base: chosen.map((s) => s.start),
+        marker: { color: STEP_COLORS[group], line: { color: '#ffffff', width: 0.5 } },
+        text: chosen.map((s) => (s.kind === 'F' || s.kind === 'B' ? String(s.micro_batch) : '')),
+        textposition: 'inside',
+        insidetextanchor: 'middle',
+        textfont: { color: '#ffffff' },
+        hovertext: chosen.map(stepHover),
+        hoverinfo: 'text',
+        showlegend: chosen.length > 0,
+      };
+    });
+  }
+
+  function drawGantt() {
+    live.ganttTimer = null;
+    live.ganttDrawnAt = Date.now();
+    const div = $('timeline-chart');
+    if (!div || !hasPlotly()) return;
+    const steps = live.steps;
+    const order = page.devices.slice();
+    steps.forEach((s) => {
+      if (order.indexOf(s.device) < 0) order.push(s.device);
+    });
+    const layout = baseLayout({
+      barmode: 'overlay',
+      bargap: 0.3,
+      uniformtext: { minsize: 8, mode: 'hide' },
+      xaxis: axis('device time since the run started (s)'),
+      yaxis: axis('', { categoryorder: 'array', categoryarray: order, autorange: 'reversed', showgrid: false }),
+      annotations: steps.length
+        ? []
+        : [{ text: 'no steps yet', xref: 'paper', yref: 'paper', x: 0.5, y: 0.5, showarrow: false,
+             font: { color: '#5b6475', size: 14 } }],
+    });
+    Plotly.react(div, ganttTraces(steps), layout, PLOT_CONFIG);
+  }
+
+  function scheduleGantt() {
+    if (live.ganttTimer !== null) return;
+    const wait = Math.max(0, GANTT_MS - (Date.now() - live.ganttDrawnAt));
+    live.ganttTimer = setTimeout(drawGantt, wait);
+  }
+
+  /* ---------- messages ---------- */
+
+  function cancelTimers() {
+    if (live.flushTimer !== null) clearTimeout(live.flushTimer);
+    if (live.ganttTimer !== null) clearTimeout(live.ganttTimer);
+    live.flushTimer = null;
+    live.ganttTimer = null;
+  }
+
+  function onSnapshot(msg) {
+    cancelTimers();
+    live.retryMs = RETRY_FIRST_MS; // this connection works
+    const job = msg.job || {};
+    if (!page.total && isNumber(job.iterations)) page.total = job.iterations;
+    if (!isNumber(page.predicted) && job.plan && job.plan.predicted) {
+      page.predicted = positive(job.plan.predicted.throughput);
+    }
+    live.seen = new Set();
+    live.points = [];
+    live.pending = [];
+    (msg.iterations || []).forEach((it) => {
+      if (!isNumber(it.iteration) || live.seen.has(it.iteration)) return;
+      live.seen.add(it.iteration);
+      live.points.push(toPoint(it));
+    });
+    live.points.sort((a, b) => a.x - b.x);
+    drawLineCharts();
+    showProgress();
+    showMeasuredThroughput();
+
+    live.steps = keepLatestSteps(msg.steps || []);
+    drawGantt();
+
+    const states = msg.devices || {};
+    Object.keys(states).forEach((name) => setDeviceState(name, states[name]));
+
+    const list = $('event-log');
+    if (list) list.textContent = '';
+    appendLog(msg.log || []);
+
+    live.finished = false;
+    applyStatus(job.status, job.message);
+  }
+
+  function onIteration(msg) {
+    queueIteration(msg);
+  }
+
+  function onSteps(msg) {
+    if (!Array.isArray(msg.steps) || !msg.steps.length) return;
+    live.steps = keepLatestSteps(live.steps.concat(msg.steps));
+    scheduleGantt();
+  }
+
+  function onDevice(msg) {
+    if (msg.device) setDeviceState(msg.device, msg.state);
+  }
+
+  function onLog(msg) {
+    appendLog([msg]);
+  }
+
+  function onStatus(msg) {
+    applyStatus(msg.status, msg.message);
+  }
+
+  const HANDLERS = {
+    snapshot: onSnapshot,
+    iteration: onIteration,
+    steps: onSteps,
+    device: onDevice,
+    log: onLog,
+    status: onStatus,
+  };
+
+  function handleMessage(event) {
+    const msg = parseJson(event.data, null);
+    const handler = msg && HANDLERS[msg.type];
+    if (handler) handler(msg);
+  }
+
+  /* ---------- socket ---------- */
+
+  function socketUrl() {
+    return (location.protocol === 'https:' ? 'wss://' : 'ws://') + location.host + page.wsUrl;
+  }
+
+  function connect() {
+    live.retryTimer = null;
+    setSocketState('connecting');
+    let socket;
+    try {
+      socket = new WebSocket(socketUrl());
+    } catch (err) {
+      console.warn('live.js: cannot open socket', err);
+      scheduleReconnect();
+      return;
+    }
+    live.socket = socket;
+    socket.addEventListener('open', () => setSocketState('open'));
+    socket.addEventListener('message', handleMessage);
+    socket.addEventListener('close', (event) => onSocketClose(socket, event));
+  }
+
+  function onSocketClose(socket, event) {
+    if (live.socket !== socket) return;
+    live.socket = null;
+    if (live.leaving) return;
+    if (NO_RETRY_CODES.indexOf(event.code) >= 0) {
+      setSocketState('closed');
+      showStatus('unavailable', 'the server refused this live view (close code ' + event.code + ')');
+      return;
+    }
+    if (live.finished) {
+      setSocketState('closed'); // nothing more will happen to a finished job
+      return;
+    }
+    scheduleReconnect();
+  }
+
+  function scheduleReconnect() {
+    setSocketState('reconnecting');
+    showStatus('reconnecting…');
+    const wait = live.retryMs + Math.floor(Math.random() * 250);
+    live.retryMs = Math.min(live.retryMs * 2, RETRY_MAX_MS);
+    live.retryTimer = setTimeout(connect, wait);
+  }
+
+  function leave() {
+    live.leaving = true;
+    if (live.retryTimer !== null) clearTimeout(live.retryTimer);
+    if (live.socket) live.socket.close(1000);
+  }
+
+  function start() {
+    if (!page.wsUrl) {
+      console.warn('live.js: #live has no data-ws-url');
+      return;
+    }
+    showProgress();
+    drawLineCharts();
+    drawGantt();
+    window.addEventListener('pagehide', leave);
+    window.addEventListener('pageshow', (event) => {
+      if (event.persisted && live.leaving) {
+        live.leaving = false; // back from the back/forward cache: follow the job again
+        live.retryMs = RETRY_FIRST_MS;
+        connect();
+      }
+    });
+    connect();
+  }
+
+  if (document.readyState === 'loading') document.addEventListener('DOMContentLoaded', start);
+  else start();
+})();

@@ -1,0 +1,102 @@
+"""Devices: staff add one and get its agent command once; enrollment is single use; staff-only management."""
+
+import json
+import re
+
+from django.test import Client
+
+from webapp.devices.models import Device
+from webapp.lib.tokens import token_hash
+
+
+def test_staff_adds_a_device_and_sees_the_command_once(client, alice):
+    client.force_login(alice)
+    page = client.post("/devices/add/", {"name": "nano-lab-1", "kind": "jetson-nano"}).content.decode()
+    command = re.search(r'<pre class="command" id="agent-command">([^<]+)</pre>', page).group(1)
+    assert command.startswith("python -m workers.agent --server http://testserver --token ast_enroll_")
+    token = command.rsplit(" ", 1)[1]
+    device = Device.objects.get(name="nano-lab-1")
+    assert device.enrollment_hash == token_hash(token) and token not in str(Device.objects.values())
+    assert token not in client.get("/devices/").content.decode()  # shown once
+
+
+def test_enrollment_is_single_use_and_gives_a_credential(alice):
+    device = Device.objects.create(name="tx2-lab", kind="jetson-tx2")
+    token = device.issue_enrollment()
+    client = Client()
+    response = client.post("/api/agent/enroll/", {"token": token}, content_type="application/json")
+    assert response.status_code == 200
+    credential = response.json()["credential"]
+    assert response.json()["device"]["name"] == "tx2-lab" and Device.for_credential(credential) == device
+    again = client.post("/api/agent/enroll/", {"token": token}, content_type="application/json")
+    assert again.status_code == 403 and "already used" in again.json()["error"]
+    assert client.post("/api/agent/enroll/", "nope", content_type="application/json").status_code == 400
+
+
+def test_new_token_revokes_the_credential(alice):
+    device = Device.objects.create(name="nx-lab", kind="jetson-xavier-nx")
+    _, credential = Device.enroll(device.issue_enrollment())
+    client = Client()
+    client.force_login(alice)
+    doc = client.post(f"/api/devices/{device.pk}/token/").json()
+    assert doc["enrollment_token"].startswith("ast_enroll_") and doc["command"].endswith(doc["enrollment_token"])
+    assert Device.for_credential(credential) is None
+
+
+def test_only_staff_manage_devices(client, bob):
+    device = Device.objects.create(name="nano-x", kind="jetson-nano")
+    client.force_login(bob)
+    assert client.get("/devices/").status_code == 200
+    assert client.get("/devices/add/").status_code == 302  # to the admin login
+    for action in ("token", "disable", "remove"):
+        assert client.post(f"/devices/{device.pk}/{action}/").status_code == 302
+    assert client.post("/api/devices/", {"name": "x"}, content_type="application/json").status_code == 403
+    assert client.post(f"/api/devices/{device.pk}/token/").status_code == 403
+    assert Device.objects.get(pk=device.pk).enrollment_hash == ""
+
+
+def test_api_adds_devices_with_clear_errors(client, alice):
+    client.force_login(alice)
+    created = client.post("/api/devices/", {"name": "nano-7", "kind": "jetson-nano"}, content_type="application/json")
+    assert created.status_code == 201 and created.json()["device"]["memory_gb"] == 4.0
+    dup = client.post("/api/devices/", {"name": "nano-7"}, content_type="application/json")
+    assert dup.status_code == 400 and dup.json()["error"].startswith("name: Device with this Name already exists")
+    custom = client.post("/api/devices/", {"name": "rig", "kind": "custom"}, content_type="application/json")
+    assert custom.status_code == 400 and "Required for a custom device" in json.dumps(custom.json())
+    listed = client.get("/api/devices/").json()["devices"]
+    assert [d["name"] for d in listed] == ["nano-7"] and listed[0]["enrolled"] is False
+
+
+def test_disable_and_enable(client, alice):
+    device = Device.objects.create(name="nano-9", kind="jetson-nano", status="online")
+    client.force_login(alice)
+    client.post(f"/devices/{device.pk}/disable/")
+    assert Device.objects.get(pk=device.pk).status == "disabled"
+    client.post(f"/devices/{device.pk}/enable/")
+    assert Device.objects.get(pk=device.pk).status == "offline"
+    client.post(f"/devices/{device.pk}/remove/")
+    assert not Device.objects.filter(pk=device.pk).exists()
+
+
+def test_part_upload_needs_the_device_credential(bob, settings):
+    from django.utils import timezone
+
+    from webapp.jobs.models import Job, JobDevice
+
+    device = Device.objects.create(name="nano-3", kind="jetson-nano")
+    _, credential = Device.enroll(device.issue_enrollment())
+    job = Job.objects.create(owner=bob, model="mobilenetv2", status="running", launched_at=timezone.now())
+    JobDevice.objects.create(job=job, device=device, name="nano-3", rank=1)
+    client = Client()
+    url = f"/api/agent/jobs/{job.pk}/part/"
+    assert client.post(url, b"x", content_type="application/octet-stream").status_code == 401
+    settings.ASTEROID_MAX_PART_BYTES = 10
+    too_big = client.post(
+        url, b"y" * 11, content_type="application/octet-stream", HTTP_AUTHORIZATION=f"Bearer {credential}"
+    )
+    assert too_big.status_code == 413
+    ok = client.post(
+        url, b"weights", content_type="application/octet-stream", HTTP_AUTHORIZATION=f"Bearer {credential}"
+    )
+    assert ok.json() == {"stored": 7}
+    assert (settings.ASTEROID_JOBS_DIR / str(job.pk) / "part-1.pt").read_bytes() == b"weights"

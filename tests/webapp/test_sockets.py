@@ -1,0 +1,222 @@
+"""The sockets: agents (device credential, checked messages, de-duplicated events) and job pages (who may watch)."""
+
+import json
+
+import pytest
+from asgiref.sync import async_to_sync, sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.utils import timezone
+
+from webapp.accounts.models import ApiToken
+from webapp.asgi import application
+from webapp.devices.models import Device
+from webapp.jobs import runs
+from webapp.jobs.models import Job, JobDevice, JobEvent
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+HELLO = {"type": "hello", "session": "s1", "kind": "jetson-tx2", "emulated": True, "memory_bytes": 8 * 2**30,
+         "gflops": 1330.0, "host_gflops": 20.5, "address": "127.0.0.1", "version": 1}  # fmt: skip
+
+
+def enrolled(name="tx2-0", kind="jetson-tx2") -> tuple[Device, str]:
+    device = Device.objects.create(name=name, kind=kind)
+    return Device.enroll(device.issue_enrollment())
+
+
+def agent_socket(credential: str | None) -> WebsocketCommunicator:
+    headers = [(b"authorization", f"Bearer {credential}".encode())] if credential else []
+    return WebsocketCommunicator(application, "/ws/agent/", headers=headers)
+
+
+def running_job(owner, devices: list[Device]) -> Job:
+    plan = {"method": "asteroid", "model": "mobilenetv2", "batch_size": 8, "micro_batches": 1,
+            "stages": [{"layers": [0, 1], "devices": [{"name": d.name, "samples": 8}]} for d in devices],
+            "predicted": {"throughput": 100.0, "iteration_s": 0.08}}  # fmt: skip
+    job = Job.objects.create(owner=owner, model="mobilenetv2", plan=plan, status="running", iterations=2,
+                             launched_at=timezone.now())  # fmt: skip
+    for rank, d in enumerate(devices):
+        JobDevice.objects.create(job=job, device=d, name=d.name, rank=rank)
+        Device.objects.filter(pk=d.pk).update(status="busy", job=job)
+    return job
+
+
+async def say(ws, msg) -> dict:
+    await ws.send_to(text_data=json.dumps(msg))
+    return await ws.receive_json_from(timeout=5)
+
+
+def test_agent_without_a_valid_credential_is_refused():
+    async def run():
+        for credential in (None, "ast_dev_forged"):
+            ws = agent_socket(credential)
+            connected, _ = await ws.connect()
+            assert not connected
+            await ws.disconnect()
+
+    async_to_sync(run)()
+
+
+def test_hello_heartbeat_and_bad_messages_keep_the_connection():
+    device, credential = enrolled()
+
+    async def run():
+        ws = agent_socket(credential)
+        assert (await ws.connect())[0]
+        assert (await say(ws, {"type": "heartbeat", "state": "idle"}))["message"] == "say hello first"
+        welcome = await say(ws, HELLO)
+        assert welcome == {"type": "welcome", "device": "tx2-0", "id": device.pk, "last_seq": 0, "heartbeat_s": 5}
+        for bad, why in [
+            ("not json", "not valid JSON"),
+            ("[1, 2]", "a message must be a JSON object"),
+            (json.dumps({"type": "reboot"}), "unknown message type 'reboot'"),
+            (json.dumps({"type": "heartbeat", "state": "dancing"}), "state must be 'idle' or 'busy'"),
+            (json.dumps({"type": "events", "events": [{"seq": "1", "job": 1, "event": {}}]}), "wrong type"),
+            ("x" * (300 * 1024), "over the limit"),
+        ]:
+            await ws.send_to(text_data=bad)
+            reply = await ws.receive_json_from(timeout=5)
+            assert reply["type"] == "error" and why in reply["message"], (bad[:40], reply)
+        await ws.send_to(text_data=json.dumps({"type": "heartbeat", "state": "idle", "job": None}))
+        await ws.send_to(text_data=json.dumps({"type": "heartbeat", "state": "idle"}))
+        assert await ws.receive_nothing(0.3)  # heartbeats are not answered, and the socket is still open
+        await ws.disconnect()
+
+    async_to_sync(run)()
+    device.refresh_from_db()
+    assert device.measured["host_gflops"] == 20.5 and device.address == "127.0.0.1"
+    assert device.last_heartbeat is not None and device.status == "offline"  # idle and gone after disconnect
+
+
+def test_events_are_stored_once_relayed_and_acknowledged(bob):
+    device, credential = enrolled()
+    job = running_job(bob, [device])
+    step = {"type": "step", "device": "tx2-0", "stage": 0, "micro_batch": 0, "kind": "F", "start": 0.0, "end": 0.1,
+            "peer": "", "iteration": 0}  # fmt: skip
+    iteration = {"type": "iteration", "iteration": 0, "loss": 2.3, "iteration_s": 0.08, "throughput": 100.0,
+                 "late_steps": 0, "steps": 2, "time": 0.08}  # fmt: skip
+
+    async def run():
+        _, watch_token = await sync_to_async(ApiToken.issue)(bob)
+        browser = WebsocketCommunicator(application, f"/ws/jobs/{job.pk}/",
+                                        headers=[(b"authorization", f"Bearer {watch_token}".encode())])  # fmt: skip
+        assert (await browser.connect())[0]
+        assert (await browser.receive_json_from(5))["type"] == "snapshot"
+        ws = agent_socket(credential)
+        assert (await ws.connect())[0]
+        await say(ws, HELLO)
+        batch = {"type": "events", "events": [{"seq": 1, "job": job.pk, "event": step},
+                                              {"seq": 2, "job": job.pk, "event": iteration}]}  # fmt: skip
+        assert await say(ws, batch) == {"type": "ack", "seq": 2}
+        assert await say(ws, batch) == {"type": "ack", "seq": 2}  # a resend after a reconnect: dropped
+        got = [await browser.receive_json_from(5) for _ in range(2)]
+        assert got[0] == {"type": "steps", "steps": [{k: v for k, v in step.items() if k != "type"}]}
+        assert got[1]["type"] == "iteration" and got[1]["loss"] == 2.3 and got[1]["throughput"] == 100.0
+        assert await browser.receive_nothing(0.3)
+        # The same agent process after a reconnect resumes from the last stored seq.
+        await ws.disconnect()
+        ws = agent_socket(credential)
+        await ws.connect()
+        assert (await say(ws, HELLO))["last_seq"] == 2
+        assert (await say(ws, {**HELLO, "session": "s2"}))["last_seq"] == 0  # a new agent process starts over
+        await ws.disconnect()
+        await browser.disconnect()
+
+    async_to_sync(run)()
+    assert list(JobEvent.objects.filter(job=job).exclude(type="log").values_list("type", flat=True)) == [
+        "step", "iteration"
+    ]  # fmt: skip
+    job.refresh_from_db()
+    assert job.latest["loss"] == 2.3 and job.progress == 0.5
+
+
+def test_launch_assign_accept_start_then_done(bob, settings):
+    a, cred_a = enrolled("nx-0", "jetson-xavier-nx")
+    b, cred_b = enrolled("tx2-0")
+    Device.objects.filter(pk__in=[a.pk, b.pk]).update(status="online", measured={"emulated": True})
+    plan = {"method": "asteroid", "model": "mobilenetv2", "batch_size": 8, "micro_batches": 1,
+            "stages": [{"layers": [0, 5], "devices": [{"name": "nx-0", "samples": 8}]},
+                       {"layers": [5, 20], "devices": [{"name": "tx2-0", "samples": 8}]}],
+            "predicted": {"throughput": 100.0, "iteration_s": 0.08}}  # fmt: skip
+    job = Job.objects.create(owner=bob, model="mobilenetv2", plan=plan, status="planned", iterations=1)
+
+    async def run():
+        agents = {}
+        for name, cred in (("nx-0", cred_a), ("tx2-0", cred_b)):
+            agents[name] = agent_socket(cred)
+            assert (await agents[name].connect())[0]
+            await say(agents[name], {**HELLO, "session": name, "address": "10.0.0.7" if name == "nx-0" else "x"})
+        await sync_to_async(runs.launch)(await sync_to_async(Job.objects.get)(pk=job.pk))
+        assigned = {n: await ws.receive_json_from(5) for n, ws in agents.items()}
+        assert {n: (m["type"], m["rank"]) for n, m in assigned.items()} == {
+            "nx-0": ("assign", 0),
+            "tx2-0": ("assign", 1),
+        }
+        assert assigned["nx-0"]["plan"] == plan and assigned["nx-0"]["options"]["iterations"] == 1
+        await agents["tx2-0"].send_json_to({"type": "accepted", "job": job.pk, "port": None})
+        assert await agents["nx-0"].receive_nothing(0.3)  # no start before everyone accepted
+        await agents["nx-0"].send_json_to({"type": "accepted", "job": job.pk, "port": 29555})
+        for ws in agents.values():
+            assert await ws.receive_json_from(5) == {"type": "start", "job": job.pk, "host": "10.0.0.7", "port": 29555}
+        for seq, (name, ws) in enumerate(agents.items(), 1):
+            done = {"type": "device-done", "device": name, "late_steps": 0, "steps": 4, "part": False}
+            assert await say(ws, {"type": "events", "events": [{"seq": seq, "job": job.pk, "event": done}]})
+        for ws in agents.values():
+            await ws.disconnect()
+
+    async_to_sync(run)()
+    job.refresh_from_db()
+    assert job.status == "completed" and job.finished_at and job.started_at
+    assert set(Device.objects.values_list("status", flat=True)) == {"offline"}  # freed, then both disconnected
+    assert JobEvent.objects.filter(job=job, type="log", data__level="warning").exists()  # no parts: no model
+
+
+def test_device_error_fails_the_job_and_cancels_the_others(bob):
+    a, cred_a = enrolled("nx-0", "jetson-xavier-nx")
+    b, cred_b = enrolled("tx2-0")
+    job = running_job(bob, [a, b])
+
+    async def run():
+        ws_a, ws_b = agent_socket(cred_a), agent_socket(cred_b)
+        for ws, name in ((ws_a, "nx-0"), (ws_b, "tx2-0")):
+            await ws.connect()
+            await say(ws, {**HELLO, "session": name})
+        error = {"type": "device-error", "device": "tx2-0", "iteration": 1, "message": "died (SIGKILL)", "cause": "own"}
+        await ws_b.send_json_to({"type": "events", "events": [{"seq": 1, "job": job.pk, "event": error}]})
+        assert await ws_a.receive_json_from(5) == {"type": "cancel", "job": job.pk}
+        await ws_a.disconnect()
+        await ws_b.disconnect()
+
+    async_to_sync(run)()
+    job.refresh_from_db()
+    assert job.status == "failed" and job.message == "device tx2-0 failed during iteration 2: died (SIGKILL)"
+    assert Device.objects.get(name="tx2-0").status == "failed"
+
+
+def test_job_socket_owner_staff_and_strangers(bob, carol, alice):
+    device, _ = enrolled()
+    job = running_job(bob, [device])
+
+    async def connect(origin=b"http://127.0.0.1:8000", token=None):
+        headers = [(b"origin", origin)] if origin else []
+        if token:
+            headers.append((b"authorization", f"Bearer {token}".encode()))
+        ws = WebsocketCommunicator(application, f"/ws/jobs/{job.pk}/", headers=headers)
+        ok, _ = await ws.connect()
+        first = await ws.receive_json_from(5) if ok else None
+        await ws.disconnect()
+        return ok, first
+
+    async def run():
+        _, bob_token = await sync_to_async(ApiToken.issue)(bob)
+        _, carol_token = await sync_to_async(ApiToken.issue)(carol)
+        _, alice_token = await sync_to_async(ApiToken.issue)(alice)
+        ok, first = await connect(token=bob_token, origin=None)
+        assert ok and first["type"] == "snapshot" and first["job"]["id"] == job.pk and "devices" in first
+        assert (await connect(token=carol_token, origin=None))[0] is False
+        assert (await connect(token=alice_token, origin=None))[0] is True
+        assert (await connect(token="ast_api_wrong", origin=None))[0] is False
+        assert (await connect(origin=b"http://evil.example"))[0] is False  # cookie path: origin checked
+        assert (await connect(origin=None))[0] is False  # no origin, no token
+
+    async_to_sync(run)()

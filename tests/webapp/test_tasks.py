@@ -1,0 +1,43 @@
+"""Celery tasks: the health check (silent devices go offline and fail their job; unaccepted launches fail)."""
+
+from datetime import timedelta
+
+from django.utils import timezone
+
+from webapp.devices.models import Device
+from webapp.jobs.models import Job, JobDevice
+from webapp.jobs.tasks import health_check, plan_job
+
+
+def test_a_silent_device_goes_offline_and_fails_its_job(bob, cluster_c):
+    nx, tx2 = cluster_c[0], cluster_c[1]
+    now = timezone.now()
+    job = Job.objects.create(owner=bob, model="mobilenetv2", status="running", launched_at=now, started_at=now)
+    for rank, d in enumerate((nx, tx2)):
+        JobDevice.objects.create(job=job, device=d, name=d.name, rank=rank)
+    Device.objects.filter(pk__in=[nx.pk, tx2.pk]).update(status="busy", job=job)
+    Device.objects.filter(pk=tx2.pk).update(last_heartbeat=now - timedelta(seconds=16))
+    assert health_check() == {"offline": 1, "unaccepted": 0}
+    job.refresh_from_db()
+    assert job.status == "failed" and job.message == "device tx2-0 stopped sending heartbeats (none for 15 s)"
+    assert Device.objects.get(pk=tx2.pk).status == "offline"
+    assert Device.objects.get(pk=nx.pk).status == "online" and Device.objects.get(pk=nx.pk).job is None
+    assert health_check() == {"offline": 0, "unaccepted": 0}
+
+
+def test_a_launch_nobody_accepts_fails(bob, cluster_c, settings):
+    late = timezone.now() - timedelta(seconds=settings.ASTEROID_ACCEPT_TIMEOUT_S + 1)
+    job = Job.objects.create(owner=bob, model="mobilenetv2", status="running", launched_at=late)
+    JobDevice.objects.create(job=job, device=cluster_c[0], name="nx-0", rank=0, accepted=True)
+    JobDevice.objects.create(job=job, device=cluster_c[3], name="nano-0", rank=1)
+    assert health_check()["unaccepted"] == 1
+    job.refresh_from_db()
+    assert job.status == "failed" and job.message.startswith("device(s) nano-0 did not accept the job within 60 s")
+
+
+def test_planning_runs_once(bob, cluster_c, profile_cache):
+    job = Job.objects.create(owner=bob, model="mobilenetv2", batch_size=32, iterations=2)
+    assert plan_job(job.pk) == "planned"
+    assert plan_job(job.pk) == "not queued"  # a redelivered task does nothing
+    job.refresh_from_db()
+    assert job.status == "planned" and job.progress == 1.0 and job.message.startswith("planned: ")

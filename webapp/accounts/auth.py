@@ -1,0 +1,63 @@
+"""Authentication for the JSON API: a session (with CSRF on writes) or `Authorization: Bearer API_TOKEN`."""
+
+from __future__ import annotations
+
+import json
+from functools import wraps
+
+from django.http import JsonResponse
+from django.middleware.csrf import CsrfViewMiddleware
+from django.views.decorators.csrf import csrf_exempt
+
+from webapp.accounts.models import ApiToken
+from webapp.lib.tokens import bearer
+
+SAFE = ("GET", "HEAD", "OPTIONS")
+FORMS = ("multipart/form-data", "application/x-www-form-urlencoded")
+
+
+def error(status: int, message: str) -> JsonResponse:
+    """Every API error: `{"error": "one line"}` with an HTTP status."""
+    return JsonResponse({"error": message}, status=status)
+
+
+def _csrf_failure(request) -> bool:
+    return CsrfViewMiddleware(lambda r: None).process_view(request, None, (), {}) is not None
+
+
+def api(*methods: str, staff: bool = False):
+    """Decorate an API view: allowed methods, who may call it, and `request.json` parsed for POST."""
+
+    def decorate(view):
+        @csrf_exempt  # checked below, only for cookie sessions: a bearer token cannot be sent by another site
+        @wraps(view)
+        def wrapper(request, *args, **kwargs):
+            if request.method not in methods:
+                return error(405, f"{request.method} is not allowed here; use {' or '.join(methods)}")
+            token = bearer(request.headers.get("Authorization"))
+            if token is not None:
+                user = ApiToken.user_for(token)
+                if user is None:
+                    return error(401, "the API token is invalid or revoked; create one on your profile page")
+                request.user = user
+            elif not request.user.is_authenticated:
+                return error(401, "log in, or send an API token as 'Authorization: Bearer TOKEN'")
+            elif request.method not in SAFE and _csrf_failure(request):
+                return error(403, "CSRF check failed: send the csrftoken cookie's value in an X-CSRFToken header")
+            if staff and not request.user.is_staff:
+                return error(403, "only staff members may do this")
+            request.json = {}
+            if request.method == "POST" and request.content_type in FORMS:
+                request.json = request.POST.dict()  # `curl -d model=...` works too
+            elif request.method == "POST" and request.body.strip():
+                try:
+                    request.json = json.loads(request.body)
+                except (json.JSONDecodeError, UnicodeDecodeError):
+                    return error(400, "the request body is not valid JSON")
+                if not isinstance(request.json, dict):
+                    return error(400, "the request body must be a JSON object")
+            return view(request, *args, **kwargs)
+
+        return wrapper
+
+    return decorate

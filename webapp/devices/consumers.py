@@ -1,0 +1,132 @@
+"""The agent socket `/ws/agent/`: device-token auth, checked messages, relayed into webapp.jobs.runs."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
+from django.utils import timezone
+
+from webapp.devices.models import Device
+from webapp.devices.protocol import ProtocolError, parse
+from webapp.jobs import runs
+from webapp.lib.tokens import bearer
+
+log = logging.getLogger(__name__)
+
+REFUSED = 4401  # close code: bad or revoked credential
+
+
+def _header(scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", []):
+        if key.lower() == name:
+            return value.decode("latin-1")
+    return None
+
+
+@database_sync_to_async
+def _authenticate(scope) -> Device | None:
+    return Device.for_credential(bearer(_header(scope, b"authorization")))
+
+
+@database_sync_to_async
+def _hello(device: Device, msg: dict) -> dict:
+    device.refresh_from_db()
+    if msg["session"] != device.session:  # a new agent process numbers its events from 1 again
+        device.session, device.last_seq = msg["session"], 0
+    device.measured = {k: msg.get(k) for k in ("kind", "emulated", "memory_bytes", "gflops", "host_gflops")}
+    device.address = msg.get("address") or ""
+    device.last_heartbeat = timezone.now()
+    if device.status in (Device.Status.OFFLINE, Device.Status.FAILED):
+        device.status = Device.Status.BUSY if device.job_id else Device.Status.ONLINE
+    device.save(update_fields=["session", "last_seq", "measured", "address", "last_heartbeat", "status"])
+    if msg["kind"] != device.kind:
+        log.warning("device %s is registered as %s but its agent reports %s", device.name, device.kind, msg["kind"])
+    return {
+        "type": "welcome",
+        "device": device.name,
+        "id": device.pk,
+        "last_seq": device.last_seq,
+        "heartbeat_s": settings.ASTEROID_HEARTBEAT_S,
+    }
+
+
+@database_sync_to_async
+def _heartbeat(device: Device, msg: dict) -> None:
+    device.refresh_from_db(fields=["status", "job"])
+    fields = {"last_heartbeat": timezone.now()}
+    if device.status == Device.Status.OFFLINE:  # disabled and failed devices stay so until staff enable them
+        fields["status"] = Device.Status.BUSY if device.job_id else Device.Status.ONLINE
+    Device.objects.filter(pk=device.pk).update(**fields)
+
+
+@database_sync_to_async
+def _accepted(device: Device, msg: dict) -> None:
+    runs.accepted(device, msg["job"], msg.get("port"))
+
+
+@database_sync_to_async
+def _events(device: Device, msg: dict) -> int:
+    device.refresh_from_db(fields=["last_seq", "session"])
+    return runs.record_events(device, msg["events"])
+
+
+@database_sync_to_async
+def _gone(device: Device) -> None:
+    Device.objects.filter(pk=device.pk, status=Device.Status.ONLINE, job__isnull=True).update(
+        status=Device.Status.OFFLINE
+    )
+
+
+class AgentConsumer(AsyncWebsocketConsumer):
+    """One connected agent. Bad messages get an `error` reply and are logged; the connection stays up."""
+
+    device: Device | None = None
+
+    async def connect(self):
+        self.device = await _authenticate(self.scope)
+        if self.device is None or self.device.status == Device.Status.DISABLED:
+            await self.close(code=REFUSED)
+            return
+        self.group = f"agent.{self.device.pk}"
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.accept()
+        self.welcomed = False
+
+    async def disconnect(self, code):
+        if self.device is not None:
+            await self.channel_layer.group_discard(f"agent.{self.device.pk}", self.channel_name)
+            if getattr(self, "welcomed", False):
+                await _gone(self.device)
+
+    async def receive(self, text_data=None, bytes_data=None):
+        try:
+            msg = parse(text_data, settings.ASTEROID_AGENT_MAX_MESSAGE)
+            if msg["type"] != "hello" and not self.welcomed:
+                raise ProtocolError("say hello first")
+        except ProtocolError as exc:
+            log.warning("device %s: rejected a message: %s", self.device.name, exc)
+            await self.send_json({"type": "error", "message": str(exc)})
+            return
+        if msg["type"] == "hello":
+            self.welcomed = True
+            await self.send_json(await _hello(self.device, msg))
+        elif msg["type"] == "heartbeat":
+            await _heartbeat(self.device, msg)
+        elif msg["type"] == "accepted":
+            await _accepted(self.device, msg)
+        elif msg["type"] == "events":
+            await self.send_json({"type": "ack", "seq": await _events(self.device, msg)})
+
+    async def send_json(self, message: dict) -> None:
+        await self.send(text_data=json.dumps(message))
+
+    async def agent_message(self, event):
+        """A message from the site (webapp.jobs.runs.tell_agent) to this agent."""
+        await self.send_json(event["message"])
+
+    async def agent_revoked(self, event):
+        await self.close(code=REFUSED)

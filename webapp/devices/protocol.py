@@ -1,0 +1,108 @@
+"""The agent messages the site accepts (docs/protocol.md), checked field by field: `parse` or ProtocolError."""
+
+from __future__ import annotations
+
+import json
+
+MAX_BATCH = 200
+EVENT_TYPES = {"device-start", "step", "iteration", "device-done", "device-error", "job-stopped"}
+
+
+class ProtocolError(ValueError):
+    """A malformed message; the text says which field and why."""
+
+
+def _field(msg: dict, name: str, types, optional: bool = False):
+    if name not in msg or msg[name] is None:
+        if optional:
+            return None
+        raise ProtocolError(f"{msg.get('type', 'message')}: missing field {name!r}")
+    value = msg[name]
+    if not isinstance(value, types) or isinstance(value, bool) and bool not in _tuple(types):
+        raise ProtocolError(f"{msg.get('type')}: field {name!r} has the wrong type ({type(value).__name__})")
+    return value
+
+
+def _tuple(types) -> tuple:
+    return types if isinstance(types, tuple) else (types,)
+
+
+def _number(msg: dict, name: str, optional: bool = False):
+    value = _field(msg, name, (int, float), optional)
+    if value is not None and value < 0:
+        raise ProtocolError(f"{msg.get('type')}: field {name!r} must not be negative")
+    return value
+
+
+def _hello(msg: dict) -> None:
+    _field(msg, "session", str)
+    if not 1 <= len(msg["session"]) <= 64:
+        raise ProtocolError("hello: session must be 1 to 64 characters")
+    _field(msg, "kind", str)
+    _field(msg, "emulated", bool)
+    for name in ("memory_bytes", "gflops", "host_gflops"):
+        _number(msg, name, optional=name == "host_gflops")
+    address = _field(msg, "address", str, optional=True)
+    if address is not None and len(address) > 64:
+        raise ProtocolError("hello: address is longer than 64 characters")
+
+
+def _heartbeat(msg: dict) -> None:
+    if _field(msg, "state", str) not in ("idle", "busy"):
+        raise ProtocolError("heartbeat: state must be 'idle' or 'busy'")
+    _field(msg, "job", int, optional=True)
+
+
+def _accepted(msg: dict) -> None:
+    _field(msg, "job", int)
+    port = _field(msg, "port", int, optional=True)
+    if port is not None and not 0 < port < 65536:
+        raise ProtocolError(f"accepted: port {port} is not a TCP port")
+
+
+def _events(msg: dict) -> None:
+    items = _field(msg, "events", list)
+    if not 1 <= len(items) <= MAX_BATCH:
+        raise ProtocolError(f"events: send 1 to {MAX_BATCH} events per message, got {len(items)}")
+    last = 0
+    for item in items:
+        if not isinstance(item, dict):
+            raise ProtocolError("events: each item must be an object with seq, job and event")
+        seq = _field(item, "seq", int)
+        if seq <= last:
+            raise ProtocolError("events: seq must increase within a message")
+        last = seq
+        _field(item, "job", int)
+        event = _field(item, "event", dict)
+        if event.get("type") not in EVENT_TYPES:
+            raise ProtocolError(f"events: unknown event type {event.get('type')!r}")
+        if event["type"] == "iteration":
+            for name in ("iteration", "throughput", "loss", "iteration_s"):
+                _number(event, name) if name != "loss" else _field(event, name, (int, float))
+        if event["type"] == "step":
+            for name in ("start", "end"):
+                _number(event, name)
+            _field(event, "device", str)
+            _field(event, "kind", str)
+
+
+CHECKS = {"hello": _hello, "heartbeat": _heartbeat, "accepted": _accepted, "events": _events}
+
+
+def parse(text: str | None, limit: int) -> dict:
+    """The message in a text frame, checked; ProtocolError for anything else."""
+    if text is None:
+        raise ProtocolError("binary frames are not part of the protocol; send JSON text")
+    if len(text) > limit:
+        raise ProtocolError(f"message of {len(text)} bytes is over the limit of {limit}; send smaller batches")
+    try:
+        msg = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ProtocolError(f"not valid JSON ({exc.msg} at position {exc.pos})") from None
+    if not isinstance(msg, dict):
+        raise ProtocolError("a message must be a JSON object with a 'type'")
+    check = CHECKS.get(msg.get("type"))
+    if check is None:
+        raise ProtocolError(f"unknown message type {msg.get('type')!r}; expected one of {', '.join(CHECKS)}")
+    check(msg)
+    return msg

@@ -1,0 +1,74 @@
+"""Device pages: the list everyone reads; staff add, disable, enable, re-enroll and remove devices."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.admin.views.decorators import staff_member_required
+from django.contrib.auth.decorators import login_required
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
+
+from webapp.devices.api import agent_command
+from webapp.devices.forms import DeviceForm
+from webapp.devices.models import Device
+from webapp.jobs import runs
+
+
+@login_required
+def device_list(request):
+    return render(request, "devices/list.html", {"devices": Device.objects.select_related("job")})
+
+
+@staff_member_required
+def device_add(request):
+    form = DeviceForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        device = form.save()
+        return _enrollment_page(request, device, device.issue_enrollment())
+    return render(request, "devices/add.html", {"form": form})
+
+
+def _enrollment_page(request, device: Device, token: str):
+    context = {"device": device, "token": token, "command": agent_command(request, token)}
+    return render(request, "devices/enrollment.html", context)
+
+
+@staff_member_required
+@require_POST
+def device_token(request, device_id: int):
+    device = get_object_or_404(Device, pk=device_id)
+    token = device.issue_enrollment()
+    runs.disconnect_agent(device.pk)
+    return _enrollment_page(request, device, token)
+
+
+@staff_member_required
+@require_POST
+def device_disable(request, device_id: int):
+    device = get_object_or_404(Device, pk=device_id)
+    runs.device_lost(device, "was disabled by an administrator")
+    Device.objects.filter(pk=device.pk).update(status=Device.Status.DISABLED, job=None)
+    runs.disconnect_agent(device.pk)
+    messages.info(request, f"{device.name} is disabled: its agent is disconnected and it takes no jobs.")
+    return redirect("devices")
+
+
+@staff_member_required
+@require_POST
+def device_enable(request, device_id: int):
+    device = get_object_or_404(Device, pk=device_id)
+    # Offline until its agent speaks again; a running agent reconnects by itself.
+    Device.objects.filter(pk=device.pk).update(status=Device.Status.OFFLINE)
+    messages.info(request, f"{device.name} is enabled; it is online once its agent reports.")
+    return redirect("devices")
+
+
+@staff_member_required
+@require_POST
+def device_remove(request, device_id: int):
+    device = get_object_or_404(Device, pk=device_id)
+    runs.device_lost(device, "was removed by an administrator")
+    runs.disconnect_agent(device.pk)
+    device.delete()
+    messages.info(request, f"{device.name} is removed.")
+    return redirect("devices")

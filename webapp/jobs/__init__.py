@@ -1,0 +1,1 @@
+"""Training jobs: request, plan, run and history."""

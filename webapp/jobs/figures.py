@@ -1,0 +1,477 @@
+"""Plotly figures and table rows for the job pages, from plan JSON, plan comparisons and step events."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import plotly.graph_objects as go
+
+from engine.devices import GIB, KINDS, Cluster, get_kind
+from engine.errors import UserError
+
+FONT = 'system-ui, -apple-system, "Segoe UI", Roboto, sans-serif'
+ACCENT = "#2d5bd7"
+MUTED = "#5b6475"
+GRID = "#e3e6eb"
+BAD = "#c53030"
+
+KIND_COLORS = {
+    "jetson-xavier-nx": "#2d5bd7",
+    "jetson-tx2": "#1f8a4c",
+    "jetson-nano": "#b7791f",
+    "custom": "#7c3aed",
+}
+KIND_LABELS = {**{k: v.label for k, v in KINDS.items()}, "custom": "Custom device"}
+
+# Step kinds of engine.events, grouped as the timeline shows them (static/js/live.js uses the same colours).
+STEP_GROUPS = {"F": "forward", "B": "backward", "send": "transfer", "recv": "transfer", "all-reduce": "all-reduce"}
+STEP_COLORS = {"forward": "#2d5bd7", "backward": "#e07b39", "transfer": "#9aa3b2", "all-reduce": "#1f8a4c"}
+
+METHOD_LABELS = {
+    "asteroid": "Asteroid",
+    "dp": "DP (data parallel)",
+    "gpipe": "GPipe",
+    "pipedream": "PipeDream",
+    "ftpipehd": "FTPipeHD",
+    "exhaustive": "Exhaustive search",
+}
+METHOD_ORDER = ("asteroid", "dp", "gpipe", "pipedream", "ftpipehd")
+
+
+def _layout(title: str, **extra: Any) -> dict:
+    """A plain layout in the site's look: system fonts, white background, light grid, legend on top."""
+    base = {
+        "title": {"text": title, "x": 0, "xref": "paper", "xanchor": "left", "font": {"size": 16}},
+        "template": "none",
+        "autosize": True,  # full width of its box; the height is the figure's own
+        "font": {"family": FONT, "size": 13, "color": "#1d2330"},
+        "paper_bgcolor": "#ffffff",
+        "plot_bgcolor": "#ffffff",
+        "margin": {"l": 70, "r": 20, "t": 60, "b": 55},
+        "legend": {"orientation": "h", "x": 0, "y": 1.0, "yanchor": "bottom", "xanchor": "left"},
+        "hoverlabel": {"font": {"family": FONT}},
+    }
+    base.update(extra)
+    return base
+
+
+def _axis(title: str, **extra: Any) -> dict:
+    return {"title": {"text": title}, "gridcolor": GRID, "zerolinecolor": GRID, "automargin": True, **extra}
+
+
+def _plain(fig: go.Figure) -> dict:
+    """The figure as a JSON-ready dict with only `data` and `layout`."""
+    doc = json.loads(fig.to_json())
+    return {"data": doc.get("data", []), "layout": doc.get("layout", {})}
+
+
+def _device_specs(plan: dict) -> dict[str, tuple[str, int | None]]:
+    """{device name: (kind key, usable bytes)} for the plan's cluster; a Jetson kind's figures come from KINDS."""
+    cluster_doc = plan.get("cluster") or {}
+    try:
+        cluster = Cluster.from_dict(cluster_doc)
+        return {d.name: (d.kind, d.memory_bytes) for d in cluster.devices}
+    except UserError:
+        pass
+    specs: dict[str, tuple[str, int | None]] = {}
+    for d in cluster_doc.get("devices") or []:
+        if not isinstance(d, dict) or "name" not in d:
+            continue
+        try:
+            kind = get_kind(d["kind"]) if "kind" in d else None
+        except UserError:
+            kind = None
+        if kind is not None:
+            specs[d["name"]] = (kind.key, int((kind.memory_gb - kind.reserved_gb) * GIB))
+        elif isinstance(d.get("memory_gb"), (int, float)):
+            usable = float(d["memory_gb"]) - float(d.get("reserved_gb") or 0)
+            specs[d["name"]] = ("custom", int(usable * GIB))
+        else:
+            specs[d["name"]] = ("custom", None)
+    return specs
+
+
+def _micro_batch_size(plan: dict) -> int:
+    micro_batches = max(int(plan.get("micro_batches") or 1), 1)
+    return int(plan.get("batch_size") or 0) // micro_batches
+
+
+def _layers(stage: dict) -> tuple[int, int]:
+    start, end = stage["layers"]
+    return int(start), int(end)
+
+
+def _plan_devices(plan: dict) -> list[tuple[int, dict, dict]]:
+    """(stage index, stage, device share) for every device of the plan, in plan order."""
+    return [(k, st, dev) for k, st in enumerate(plan.get("stages") or []) for dev in st.get("devices") or []]
+
+
+def device_rows(plan: dict) -> list[dict]:
+    """One row per device of the plan, in plan order: where it sits, its share and its predicted memory."""
+    specs = _device_specs(plan)
+    memory = (plan.get("predicted") or {}).get("memory_bytes") or {}
+    mbs = _micro_batch_size(plan)
+    rows = []
+    for k, st, dev in _plan_devices(plan):
+        start, end = _layers(st)
+        kind, capacity = specs.get(dev["name"], ("custom", None))
+        used = memory.get(dev["name"])
+        rows.append(
+            {
+                "device": dev["name"],
+                "kind": kind,
+                "kind_label": KIND_LABELS.get(kind, kind),
+                "stage": k,
+                "layers": f"[{start}, {end})",
+                "start": start,
+                "end": end,
+                "samples": dev["samples"],
+                "micro_batch_size": mbs,
+                "memory_gib": None if used is None else round(used / GIB, 3),
+                "capacity_gib": None if capacity is None else round(capacity / GIB, 2),
+                "fits": None if used is None or capacity is None else used <= capacity,
+            }
+        )
+    return rows
+
+
+def unused_devices(plan: dict) -> list[str]:
+    """Devices of the plan's cluster that no stage uses."""
+    used = {dev["name"] for _, _, dev in _plan_devices(plan)}
+    return [d["name"] for d in (plan.get("cluster") or {}).get("devices") or [] if d.get("name") not in used]
+
+
+def pipeline_figure(plan: dict) -> dict:
+    """Stages as columns, each stage's devices stacked in its column with box height = share of a micro-batch."""
+    mbs = _micro_batch_size(plan)
+    fig = go.Figure()
+    shown_kinds: set[str] = set()
+    stages = plan.get("stages") or []
+    ticks = []
+    rows = device_rows(plan)
+    for k, st in enumerate(stages):
+        start, end = _layers(st)
+        x = f"stage {k}"
+        ticks.append(f"stage {k}<br>layers [{start}, {end})")
+        # Plotly stacks traces bottom-up: add the stage's devices in reverse so the first one is on top.
+        for row in reversed([r for r in rows if r["stage"] == k]):
+            kind = row["kind"]
+            share = f"{row['samples']} of {mbs} samples" if mbs else f"{row['samples']} samples"
+            big = mbs and row["samples"] / mbs >= 0.25
+            text = (
+                f"<b>{row['device']}</b><br>{row['layers']}<br>{share}" if big else f"<b>{row['device']}</b> · {share}"
+            )
+            fig.add_trace(
+                go.Bar(
+                    x=[x],
+                    y=[row["samples"]],
+                    name=KIND_LABELS.get(kind, kind),
+                    legendgroup=kind,
+                    showlegend=kind not in shown_kinds,
+                    marker={"color": KIND_COLORS.get(kind, MUTED), "line": {"color": "#ffffff", "width": 2}},
+                    text=[text],
+                    textposition="inside",
+                    insidetextanchor="middle",
+                    textfont={"color": "#ffffff"},
+                    hovertext=[
+                        f"{row['device']} ({row['kind_label']})<br>stage {k}, layers {row['layers']}<br>{share}"
+                        + (f"<br>predicted memory {row['memory_gib']:.2f} GiB" if row["memory_gib"] is not None else "")
+                    ],
+                    hoverinfo="text",
+                    meta={"device": row["device"], "layers": [start, end], "samples": row["samples"]},
+                )
+            )
+            shown_kinds.add(kind)
+    annotations = []
+    spare = unused_devices(plan)
+    if spare:
+        annotations.append(
+            {
+                "text": "not used: " + ", ".join(spare),
+                "xref": "paper",
+                "yref": "paper",
+                "x": 1,
+                "y": 1.0,
+                "xanchor": "right",
+                "yanchor": "bottom",
+                "showarrow": False,
+                "font": {"color": MUTED},
+            }
+        )
+    method = METHOD_LABELS.get(plan.get("method", ""), plan.get("method", ""))
+    fig.update_layout(
+        **_layout(
+            f"{method} pipeline: {_count(len(stages), 'stage', 'stages')}, "
+            f"{_count(plan.get('micro_batches', 0), 'micro-batch', 'micro-batches')} of {mbs} samples",
+            barmode="stack",
+            bargap=0.25,
+            height=420,
+            uniformtext={"minsize": 10, "mode": "hide"},
+            annotations=annotations,
+            xaxis=_axis(
+                "stage (layers [start, end))",
+                categoryorder="array",
+                categoryarray=[f"stage {k}" for k in range(len(stages))],
+                tickvals=[f"stage {k}" for k in range(len(stages))],
+                ticktext=ticks,
+                showgrid=False,
+            ),
+            yaxis=_axis("samples of each micro-batch", range=[0, max(mbs, 1)], dtick=_nice_step(mbs)),
+        )
+    )
+    return _plain(fig)
+
+
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
+def _nice_step(total: int) -> float | None:
+    if total <= 0:
+        return None
+    for step in (1, 2, 4, 5, 8, 10, 16, 20, 25, 32, 50, 64, 100, 128, 250, 256, 500, 1000):
+        if total / step <= 8:
+            return step
+    return None
+
+
+def memory_figure(plan: dict) -> dict:
+    """Predicted memory per device (GiB) in front of its usable capacity (memory − reserved)."""
+    rows = device_rows(plan)
+    names = [r["device"] for r in rows]
+    used = [r["memory_gib"] for r in rows]
+    capacity = [r["capacity_gib"] for r in rows]
+    fig = go.Figure()
+    fig.add_trace(
+        go.Bar(
+            x=names,
+            y=capacity,
+            name="usable memory (capacity)",
+            marker={"color": "#e6e9ef", "line": {"color": "#b8bfcc", "width": 1}},
+            width=0.7,
+            hovertemplate="%{x}: %{y:.2f} GiB usable<extra></extra>",
+        )
+    )
+    colors = [BAD if r["fits"] is False else KIND_COLORS.get(r["kind"], ACCENT) for r in rows]
+    labels = []
+    for r in rows:
+        if r["memory_gib"] is None:
+            labels.append("")
+        elif r["capacity_gib"]:
+            labels.append(f"{r['memory_gib']:.2f} GiB ({100 * r['memory_gib'] / r['capacity_gib']:.0f}%)")
+        else:
+            labels.append(f"{r['memory_gib']:.2f} GiB")
+    fig.add_trace(
+        go.Bar(
+            x=names,
+            y=[(plan.get("predicted") or {}).get("memory_bytes", {}).get(n, 0) / GIB for n in names],
+            name="predicted peak memory",
+            marker={"color": colors},
+            width=0.4,
+            text=labels,
+            textposition="outside",
+            cliponaxis=False,
+            hovertemplate="%{x}: %{y:.3f} GiB predicted<extra></extra>",
+        )
+    )
+    annotations = []
+    if not (plan.get("predicted") or {}).get("memory_bytes"):
+        annotations.append(_note("no memory prediction for this plan"))
+    top = max([c for c in capacity if c] + [u for u in used if u] + [0.1])
+    fig.update_layout(
+        **_layout(
+            "Predicted memory per device against its usable memory",
+            barmode="overlay",
+            height=380,
+            uniformtext={"minsize": 10, "mode": "show"},
+            annotations=annotations,
+            xaxis=_axis("device", categoryorder="array", categoryarray=names, showgrid=False),
+            yaxis=_axis("memory (GiB)", range=[0, top * 1.12]),
+        )
+    )
+    return _plain(fig)
+
+
+def _note(text: str) -> dict:
+    return {
+        "text": text,
+        "xref": "paper",
+        "yref": "paper",
+        "x": 0.5,
+        "y": 0.5,
+        "showarrow": False,
+        "font": {"color": MUTED, "size": 14},
+    }
+
+
+def _methods(comparison: dict) -> list[str]:
+    known = [m for m in METHOD_ORDER if m in comparison]
+    return known + sorted(m for m in comparison if m not in METHOD_ORDER)
+
+
+def _throughput(doc: Any) -> float | None:
+    if not isinstance(doc, dict) or "error" in doc:
+        return None
+    value = _predicted(doc).get("throughput")
+    return float(value) if isinstance(value, (int, float)) and value > 0 else None
+
+
+def _predicted(doc: Any) -> dict:
+    """A plan's `predicted` block; a bare predicted block (as in the job API's comparison) is taken as is."""
+    if not isinstance(doc, dict):
+        return {}
+    return doc.get("predicted") or ({} if "stages" in doc else doc)
+
+
+def comparison_rows(comparison: dict) -> list[dict]:
+    """One row per method: predicted throughput and iteration time, Asteroid's speedup over it, or why it has no plan.
+
+    `error` is the reason alone (a leading "no plan: " is dropped), so a page can write "no plan: {error}".
+    """
+    ours = _throughput(comparison.get("asteroid"))
+    rows = []
+    for method in _methods(comparison):
+        doc = comparison[method]
+        tp = _throughput(doc)
+        predicted = _predicted(doc)
+        error = None
+        if tp is None:
+            reason = str(doc.get("error") or "") if isinstance(doc, dict) else ""
+            error = reason.removeprefix("no plan: ").strip() or "no plan found"
+        rows.append(
+            {
+                "method": method,
+                "label": METHOD_LABELS.get(method, method),
+                "throughput": None if tp is None else round(tp, 1),
+                "iteration_s": None if tp is None else round(float(predicted.get("iteration_s", 0.0)), 4),
+                "fits": None if tp is None else bool(predicted.get("fits", True)),
+                "speedup": None if tp is None or ours is None else round(ours / tp, 2),
+                "error": error,
+            }
+        )
+    return rows
+
+
+def comparison_figure(comparison: dict) -> dict:
+    """Horizontal bars of predicted throughput per method; Asteroid highlighted; "no plan" where a method failed."""
+    rows = comparison_rows(comparison)
+    labels = [r["label"] for r in rows]
+    with_plan = [r for r in rows if r["throughput"] is not None]
+    texts, hovers = [], []
+    for r in with_plan:
+        tp = f"{r['throughput']:,.0f} samples/s"
+        if r["method"] == "asteroid":
+            speed = ""
+        elif r["speedup"] is not None:
+            speed = f" · Asteroid {r['speedup']:.2f}× faster"
+        else:
+            speed = ""
+        fits = "" if r["fits"] else " · does not fit in memory"
+        texts.append(tp + speed + fits)
+        hovers.append(
+            f"<b>{r['label']}</b><br>{tp}<br>iteration {1000 * r['iteration_s']:.1f} ms"
+            + (f"<br>Asteroid speedup {r['speedup']:.2f}×" if r["speedup"] is not None else "")
+            + fits.replace(" · ", "<br>")
+        )
+    fig = go.Figure(
+        go.Bar(
+            y=[r["label"] for r in with_plan],
+            x=[r["throughput"] for r in with_plan],
+            orientation="h",
+            name="predicted throughput",
+            marker={
+                "color": [ACCENT if r["method"] == "asteroid" else "#a3abba" for r in with_plan],
+                "pattern": {"shape": ["" if r["fits"] else "/" for r in with_plan]},
+            },
+            text=texts,
+            textposition="auto",
+            hovertext=hovers,
+            hoverinfo="text",
+            customdata=[[r["method"], r["speedup"]] for r in with_plan],
+        )
+    )
+    annotations = [
+        {
+            "text": f"no plan: {_short(r['error'])}",
+            "hovertext": r["error"],
+            "x": 0,
+            "y": r["label"],
+            "xref": "x",
+            "yref": "y",
+            "xanchor": "left",
+            "showarrow": False,
+            "font": {"color": MUTED, "size": 12},
+        }
+        for r in rows
+        if r["throughput"] is None
+    ]
+    best = max([r["throughput"] for r in with_plan] + [1.0])
+    fig.update_layout(
+        **_layout(
+            "Predicted throughput by planning method",
+            height=90 + 52 * max(len(rows), 1),
+            showlegend=False,
+            annotations=annotations,
+            xaxis=_axis("predicted throughput (samples/s)", range=[0, best * 1.05], rangemode="tozero"),
+            yaxis=_axis("", categoryorder="array", categoryarray=labels, autorange="reversed", showgrid=False),
+        )
+    )
+    return _plain(fig)
+
+
+def _short(text: str, limit: int = 70) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def timeline_figure(steps: list[dict], devices: list[str], title: str) -> dict:
+    """A Gantt of step events: one row per device (first on top), bars from start to end coloured by kind."""
+    order = list(devices) + sorted({s["device"] for s in steps} - set(devices))
+    fig = go.Figure()
+    for group, color in STEP_COLORS.items():
+        chosen = [s for s in steps if STEP_GROUPS.get(s["kind"], "transfer") == group]
+        if not chosen:
+            continue
+        fig.add_trace(
+            go.Bar(
+                y=[s["device"] for s in chosen],
+                x=[s["end"] - s["start"] for s in chosen],
+                base=[s["start"] for s in chosen],
+                orientation="h",
+                name=group,
+                marker={"color": color, "line": {"color": "#ffffff", "width": 0.5}},
+                text=[str(s["micro_batch"]) if s["kind"] in ("F", "B") else "" for s in chosen],
+                textposition="inside",
+                insidetextanchor="middle",
+                textfont={"color": "#ffffff"},
+                hovertext=[_step_hover(s) for s in chosen],
+                hoverinfo="text",
+            )
+        )
+    annotations = [] if steps else [_note("no steps yet")]
+    fig.update_layout(
+        **_layout(
+            title,
+            barmode="overlay",
+            bargap=0.3,
+            height=110 + 34 * max(len(order), 1),
+            uniformtext={"minsize": 8, "mode": "hide"},
+            annotations=annotations,
+            xaxis=_axis("device time (s)", rangemode="tozero"),
+            yaxis=_axis("", categoryorder="array", categoryarray=order, autorange="reversed", showgrid=False),
+        )
+    )
+    return _plain(fig)
+
+
+def _step_hover(s: dict) -> str:
+    what = {"F": "forward", "B": "backward", "send": "send", "recv": "receive"}.get(s["kind"], s["kind"])
+    head = f"{s['device']} · {what}"
+    if s.get("micro_batch", -1) >= 0:
+        head += f" micro-batch {s['micro_batch']}"
+    if s.get("peer"):
+        head += (" to " if s["kind"] == "send" else " from ") + s["peer"]
+    return (
+        f"{head}<br>stage {s.get('stage')}, iteration {s.get('iteration', 0)}<br>"
+        f"{s['start'] * 1000:.2f} – {s['end'] * 1000:.2f} ms ({(s['end'] - s['start']) * 1000:.2f} ms)"
+    )

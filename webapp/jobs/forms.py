@@ -1,0 +1,60 @@
+"""The new-job form, shared by the page and the API: every field checked with a message that says the fix."""
+
+from __future__ import annotations
+
+from django import forms
+
+from engine.data import dataset_names
+from engine.models import get_model, model_names
+from webapp.devices.models import Device
+
+MAX_BATCH = 4096
+MAX_ITERATIONS = 100_000
+
+
+class JobForm(forms.Form):
+    model = forms.ChoiceField(choices=[])
+    dataset = forms.ChoiceField(choices=[], initial="synthetic")
+    batch_size = forms.IntegerField(min_value=1, max_value=MAX_BATCH, initial=64)
+    iterations = forms.IntegerField(min_value=1, max_value=MAX_ITERATIONS, initial=20, required=False)
+    epochs = forms.FloatField(min_value=0.01, required=False, help_text="Instead of iterations: passes over the data.")
+    lr = forms.FloatField(label="Learning rate", min_value=1e-6, max_value=10.0, initial=0.05)
+    bandwidth_mbps = forms.FloatField(label="Bandwidth (Mbps)", min_value=0.1, max_value=1e6, initial=1000.0)
+    devices = forms.MultipleChoiceField(
+        choices=[], required=False, widget=forms.CheckboxSelectMultiple, help_text="None ticked: every online device."
+    )
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["model"].choices = [(m, m) for m in model_names()]
+        self.fields["dataset"].choices = [(d, d) for d in dataset_names()]
+        self.fields["devices"].choices = [
+            (d.name, f"{d.name} ({d.get_kind_display()}, {d.status})") for d in Device.objects.all()
+        ]
+
+    def clean(self):
+        data = super().clean()
+        model, dataset = data.get("model"), data.get("dataset")
+        if model and dataset == "cifar10":
+            spec = get_model(model)
+            if spec.input_shape != (3, 32, 32) or spec.num_classes != 10:
+                self.add_error("dataset", f"cifar10 needs a 32x32 image model with 10 classes; {model} is not one")
+        if data.get("iterations") is None and data.get("epochs") is None:
+            self.add_error("iterations", "Give the number of iterations or of epochs.")
+        elif data.get("epochs") is not None and data.get("batch_size") and dataset:
+            # One epoch is a pass over the dataset: CIFAR-10's 50,000 training images, or the synthetic set.
+            size = 50_000 if dataset == "cifar10" else 2048
+            data["iterations"] = max(1, round(data["epochs"] * size / data["batch_size"]))
+        if data.get("iterations") and data["iterations"] > MAX_ITERATIONS:
+            self.add_error("epochs", f"That is {data['iterations']} iterations; at most {MAX_ITERATIONS}.")
+        names = data.get("devices") or []
+        candidates = Device.objects.filter(name__in=names) if names else Device.objects.all()
+        if not any(d.available for d in candidates):
+            self.add_error(
+                "devices" if names else None,
+                "None of these devices is online and idle."
+                if names
+                else "No device is online and idle: "
+                "start the device agents (make run starts emulated ones) or wait for a running job.",
+            )
+        return data

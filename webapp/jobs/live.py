@@ -1,0 +1,36 @@
+"""What a job's live page needs: the snapshot a socket starts with, from the stored events."""
+
+from __future__ import annotations
+
+from webapp.jobs.models import Job, JobDevice, JobEvent
+from webapp.jobs.runs import ITERATION_FIELDS
+
+LOG_LINES = 200
+MAX_STEPS = 5000  # a bound on what one snapshot carries
+
+
+def iteration_messages(job: Job) -> list[dict]:
+    rows = JobEvent.objects.filter(job=job, type="iteration").values_list("data", flat=True)
+    return [{"type": "iteration", **{k: ev.get(k) for k in ITERATION_FIELDS}} for ev in rows]
+
+
+def latest_steps(job: Job, iterations: int = 2) -> list[dict]:
+    """Step events of the last `iterations` iterations (all of them before the first iteration ends)."""
+    steps = JobEvent.objects.filter(job=job, type="step")
+    last = job.latest.get("iteration")
+    if last is not None:
+        steps = steps.filter(data__iteration__gt=last - iterations)
+    rows = steps.order_by("-id").values_list("data", flat=True)[:MAX_STEPS]
+    return [{k: v for k, v in ev.items() if k != "type"} for ev in reversed(list(rows))]
+
+
+def snapshot(job: Job) -> dict:
+    logs = JobEvent.objects.filter(job=job, type="log").order_by("-id").values_list("data", flat=True)[:LOG_LINES]
+    return {
+        "type": "snapshot",
+        "job": job.to_dict(),
+        "iterations": iteration_messages(job),
+        "steps": latest_steps(job),
+        "devices": {r.name: r.state for r in JobDevice.objects.filter(job=job)},
+        "log": list(reversed(logs)),
+    }

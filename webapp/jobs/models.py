@@ -1,0 +1,133 @@
+"""A training job (request, plan, state, latest metrics), the devices it runs on, and its stored events."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+
+class Job(models.Model):
+    class Status(models.TextChoices):
+        QUEUED = "queued", "Queued"
+        PLANNING = "planning", "Planning"
+        PLANNED = "planned", "Planned"
+        RUNNING = "running", "Running"
+        RECOVERING = "recovering", "Recovering"
+        COMPLETED = "completed", "Completed"
+        FAILED = "failed", "Failed"
+        CANCELLED = "cancelled", "Cancelled"
+
+    FINISHED = (Status.COMPLETED, Status.FAILED, Status.CANCELLED)
+    ACTIVE = (Status.RUNNING, Status.RECOVERING)
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="jobs")
+    # The request.
+    model = models.CharField(max_length=64)
+    dataset = models.CharField(max_length=32, default="synthetic")
+    batch_size = models.PositiveIntegerField(default=64)
+    iterations = models.PositiveIntegerField(default=20)
+    lr = models.FloatField(default=0.05)
+    bandwidth_mbps = models.FloatField(default=1000.0)
+    requested_devices = models.JSONField(default=list, blank=True, help_text="Names; empty: every online device.")
+    # Where it stands.
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED, db_index=True)
+    progress = models.FloatField(null=True, blank=True)  # 0..1 while planning or running
+    message = models.TextField(blank=True)  # why it failed, or what it is doing
+    # The plan (Plan JSON), every method's plan or error, and the simulated 1F1B steps of one iteration.
+    plan = models.JSONField(null=True, blank=True)
+    comparison = models.JSONField(null=True, blank=True)
+    simulation = models.JSONField(null=True, blank=True)
+    latest = models.JSONField(default=dict, blank=True)  # the last iteration message
+    emulated = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    launched_at = models.DateTimeField(null=True, blank=True)  # devices were assigned
+    started_at = models.DateTimeField(null=True, blank=True)  # every device accepted; `start` was sent
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"job {self.pk}: {self.model} ({self.status})"
+
+    @property
+    def finished(self) -> bool:
+        return self.status in self.FINISHED
+
+    @property
+    def device_names(self) -> list[str]:
+        return [d["name"] for st in (self.plan or {}).get("stages", []) for d in st["devices"]]
+
+    @property
+    def predicted_throughput(self) -> float | None:
+        return ((self.plan or {}).get("predicted") or {}).get("throughput")
+
+    @property
+    def group(self) -> str:
+        """The Channels group of the job's browser sockets."""
+        return f"job.{self.pk}"
+
+    def to_dict(self) -> dict:
+        return {
+            "id": self.pk,
+            "owner": self.owner.get_username(),
+            "model": self.model,
+            "dataset": self.dataset,
+            "batch_size": self.batch_size,
+            "iterations": self.iterations,
+            "lr": self.lr,
+            "bandwidth_mbps": self.bandwidth_mbps,
+            "devices": self.device_names or self.requested_devices,
+            "status": self.status,
+            "progress": self.progress,
+            "message": self.message,
+            "plan": self.plan,
+            "comparison": {
+                m: ({"error": p["error"]} if "error" in p else p["predicted"])
+                for m, p in (self.comparison or {}).items()
+            },
+            "latest": self.latest,
+            "created_at": self.created_at.isoformat() if self.created_at else None,
+            "started_at": self.started_at.isoformat() if self.started_at else None,
+            "finished_at": self.finished_at.isoformat() if self.finished_at else None,
+        }
+
+
+class JobDevice(models.Model):
+    """One device's part in a job: its rank, whether it accepted, and its state during the run."""
+
+    class State(models.TextChoices):
+        ASSIGNED = "assigned"
+        STARTING = "starting"
+        TRAINING = "training"
+        DONE = "done"
+        FAILED = "failed"
+        STOPPED = "stopped"
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="devices")
+    device = models.ForeignKey("devices.Device", null=True, on_delete=models.SET_NULL, related_name="+")
+    name = models.CharField(max_length=64)
+    rank = models.PositiveIntegerField()
+    state = models.CharField(max_length=16, choices=State.choices, default=State.ASSIGNED)
+    accepted = models.BooleanField(default=False)
+    port = models.PositiveIntegerField(null=True, blank=True)  # rank 0: the rendezvous store's port
+    result = models.JSONField(default=dict, blank=True)  # its device-done report (late steps, peak memory, ...)
+    part = models.BooleanField(default=False)  # it uploaded its stage's weights (var/jobs/<job>/part-<rank>.pt)
+
+    class Meta:
+        ordering = ["job", "rank"]
+        constraints = [models.UniqueConstraint(fields=["job", "rank"], name="one_device_per_rank")]
+
+
+class JobEvent(models.Model):
+    """An event of the job's stream: a runtime event from a device, or a log line of the site."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    device = models.CharField(max_length=64, blank=True)
+    type = models.CharField(max_length=32)
+    data = models.JSONField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [models.Index(fields=["job", "type"])]

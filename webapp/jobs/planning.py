@@ -1,0 +1,58 @@
+"""Planning a job: the cluster of its devices, every method's plan, and the simulated iteration of Asteroid's."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from engine.devices import Cluster
+from engine.errors import UserError
+from engine.planners import COMPARED, NoFeasiblePlan, Problem, make_plan
+from webapp.devices.models import Device
+
+Progress = Callable[[float, str], None]
+
+
+def pick_devices(requested: list[str]) -> list[Device]:
+    """The devices a job asks for (all available ones when it names none); a UserError says what is wrong."""
+    if not requested:
+        devices = [d for d in Device.objects.all() if d.available]
+        if not devices:
+            raise UserError("no device is online and idle: start the device agents (make run starts emulated ones)")
+        return devices
+    found = {d.name: d for d in Device.objects.filter(name__in=requested)}
+    unknown = [n for n in requested if n not in found]
+    if unknown:
+        raise UserError(f"unknown device(s): {', '.join(unknown)}")
+    busy = [f"{d.name} ({'busy' if d.job_id else d.status})" for d in found.values() if not d.available]
+    if busy:
+        raise UserError(f"not online and idle: {', '.join(busy)}; pick other devices or wait")
+    return [found[n] for n in requested]
+
+
+def plan_all(model: str, batch_size: int, devices: list[Device], bandwidth_mbps: float, progress: Progress) -> dict:
+    """Every compared method's plan (or why it has none) for the devices; Asteroid's must exist and fit.
+    Returns {"plan": ..., "comparison": {method: plan or {"error"}}, "simulation": [step, ...]}."""
+    from engine.cli import infeasible_message
+    from engine.simulator import simulate
+    from engine.workloads import workload
+
+    cluster = Cluster(tuple(d.to_engine() for d in devices), bandwidth_mbps=bandwidth_mbps, name="registered")
+    progress(0.0, f"profiling {model} (cached after the first job)")
+    w = workload(model)
+    problem = Problem(w, cluster, batch_size)
+    comparison: dict[str, dict] = {}
+    for k, method in enumerate(COMPARED):
+        progress(k / len(COMPARED), f"planning with {method}")
+        try:
+            plan = make_plan(method, problem)
+            comparison[method] = plan.to_dict() if plan.predicted.fits else {"error": "does not fit in memory"}
+        except NoFeasiblePlan as exc:
+            comparison[method] = {"error": str(exc).splitlines()[0]}
+    if "error" in comparison["asteroid"]:
+        raise UserError(infeasible_message(problem, "asteroid").replace("--batch-size", "batch size"))
+    progress(0.95, "simulating an iteration of the plan")
+    from engine.plan import Plan
+
+    best = Plan.from_dict(comparison["asteroid"])
+    steps = [e.to_dict() for e in simulate(best, w).events]
+    return {"plan": comparison["asteroid"], "comparison": comparison, "simulation": steps}

@@ -1,0 +1,31 @@
+"""Creating a job from a checked request and queueing its planning; which jobs a user may see."""
+
+from __future__ import annotations
+
+from django.db import transaction
+
+from webapp.jobs.models import Job
+
+
+def visible_jobs(user):
+    """Staff see every job; everyone else only their own (another's job is a 404, not a 403)."""
+    jobs = Job.objects.select_related("owner")
+    return jobs if user.is_staff else jobs.filter(owner=user)
+
+
+def submit(user, data: dict, job: Job | None = None) -> Job:
+    """A new job (or `job` re-planned with new settings), queued for the planning task."""
+    from webapp.jobs.tasks import plan_job
+
+    fields = {k: data[k] for k in ("model", "dataset", "batch_size", "iterations", "lr", "bandwidth_mbps")}
+    fields["requested_devices"] = list(data.get("devices") or [])
+    if job is None:
+        job = Job.objects.create(owner=user, **fields)
+    else:
+        for k, v in fields.items():
+            setattr(job, k, v)
+        job.status, job.plan, job.comparison, job.simulation, job.message = Job.Status.QUEUED, None, None, None, ""
+        job.finished_at = None
+        job.save()
+    transaction.on_commit(lambda: plan_job.delay(job.pk))
+    return job

@@ -1,0 +1,67 @@
+"""Celery tasks of jobs: planning (with progress), and the health check that fails jobs of silent devices."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from celery import shared_task
+from django.conf import settings
+from django.utils import timezone
+
+from engine.errors import UserError
+from webapp.devices.models import Device
+from webapp.jobs import runs
+from webapp.jobs.models import Job, JobDevice
+from webapp.jobs.planning import pick_devices, plan_all
+
+
+@shared_task(time_limit=settings.CELERY_TASK_TIME_LIMIT)
+def plan_job(job_id: int) -> str:
+    """Plan a queued job on its devices; the job ends up planned, or failed with the reason."""
+    if not Job.objects.filter(pk=job_id, status=Job.Status.QUEUED).update(status=Job.Status.PLANNING, progress=0.0):
+        return "not queued"
+    job = Job.objects.get(pk=job_id)
+    last = [-1.0]
+
+    def progress(fraction: float, message: str) -> None:
+        runs.set_status(job, Job.Status.PLANNING, message, round(fraction, 3))
+        last[0] = fraction
+
+    try:
+        devices = pick_devices(job.requested_devices)
+        result = plan_all(job.model, job.batch_size, devices, job.bandwidth_mbps, progress)
+    except UserError as exc:
+        runs.set_status(job, Job.Status.FAILED, str(exc), None, finished_at=timezone.now())
+        runs.job_log(job, f"cannot plan: {exc}", "error")
+        return "failed"
+    Job.objects.filter(pk=job_id).update(**result)
+    job.plan = result["plan"]
+    predicted = job.predicted_throughput
+    runs.set_status(job, Job.Status.PLANNED, f"planned: {predicted:.1f} samples/s predicted", 1.0)
+    runs.job_log(job, f"planned on {len(job.device_names)} devices: {predicted:.1f} samples/s predicted")
+    return "planned"
+
+
+@shared_task(time_limit=60)
+def health_check() -> dict:
+    """Mark devices without a recent heartbeat offline (failing their jobs), and fail launches nobody accepted."""
+    now = timezone.now()
+    silent_after = timedelta(seconds=settings.ASTEROID_HEARTBEAT_S * settings.ASTEROID_MISSED_HEARTBEATS)
+    lost = 0
+    stale = Device.objects.filter(
+        status__in=(Device.Status.ONLINE, Device.Status.BUSY), last_heartbeat__lt=now - silent_after
+    )
+    for device in stale:
+        if Device.objects.filter(pk=device.pk, last_heartbeat=device.last_heartbeat).update(
+            status=Device.Status.OFFLINE
+        ):
+            lost += 1
+            runs.device_lost(device, f"stopped sending heartbeats (none for {silent_after.seconds} s)")
+    unanswered = 0
+    deadline = now - timedelta(seconds=settings.ASTEROID_ACCEPT_TIMEOUT_S)
+    for job in Job.objects.filter(status=Job.Status.RUNNING, started_at__isnull=True, launched_at__lt=deadline):
+        waiting = list(JobDevice.objects.filter(job=job, accepted=False).values_list("name", flat=True))
+        unanswered += 1
+        runs.fail(job, f"device(s) {', '.join(waiting)} did not accept the job within "
+                       f"{settings.ASTEROID_ACCEPT_TIMEOUT_S} s; are their agents running?")  # fmt: skip
+    return {"offline": lost, "unaccepted": unanswered}

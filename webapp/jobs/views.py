@@ -1,0 +1,127 @@
+"""Job pages: new job, history, plan (with launch and re-plan), live view, cancel, downloads."""
+
+from __future__ import annotations
+
+import json
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import FileResponse, Http404, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
+
+from engine.events import StepEvent, chrome_trace
+from webapp.jobs import figures, runs
+from webapp.jobs.forms import JobForm
+from webapp.jobs.models import Job, JobEvent
+from webapp.jobs.submit import submit, visible_jobs
+
+
+def _job(request, job_id: int) -> Job:
+    return get_object_or_404(visible_jobs(request.user), pk=job_id)
+
+
+@login_required
+def job_list(request):
+    return render(request, "jobs/list.html", {"jobs": visible_jobs(request.user)[:200]})
+
+
+@login_required
+def job_new(request):
+    form = JobForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        job = submit(request.user, form.cleaned_data)
+        return redirect("job", job_id=job.pk)
+    return render(request, "jobs/new.html", {"form": form})
+
+
+@login_required
+def job_detail(request, job_id: int):
+    """The plan page: how the job will run and why this plan; launch or re-plan from here."""
+    job = _job(request, job_id)
+    context = {"job": job, "replan_form": None}
+    if job.plan:
+        context["figures"] = {
+            "pipeline": figures.pipeline_figure(job.plan),
+            "memory": figures.memory_figure(job.plan),
+            "comparison": figures.comparison_figure(job.comparison or {}),
+            "timeline": figures.timeline_figure(job.simulation or [], job.device_names, "Simulated 1F1B iteration"),
+        }
+        context["comparison_rows"] = figures.comparison_rows(job.comparison or {})
+        context["device_rows"] = figures.device_rows(job.plan)
+    if job.launched_at is None and job.status in (Job.Status.PLANNED, Job.Status.FAILED):
+        initial = {
+            **{k: getattr(job, k) for k in ("model", "dataset", "batch_size", "iterations", "lr", "bandwidth_mbps")},
+            "devices": job.device_names or job.requested_devices,
+        }
+        context["replan_form"] = JobForm(initial=initial)
+    return render(request, "jobs/plan.html", context)
+
+
+@login_required
+@require_POST
+def job_replan(request, job_id: int):
+    job = _job(request, job_id)
+    if job.launched_at is not None or job.status not in (Job.Status.PLANNED, Job.Status.FAILED):
+        messages.error(request, f"Job {job.pk} is {job.status}; only a job that has not run can be re-planned.")
+        return redirect("job", job_id=job.pk)
+    form = JobForm(request.POST)
+    if not form.is_valid():
+        return render(request, "jobs/plan.html", {"job": job, "replan_form": form})
+    submit(request.user, form.cleaned_data, job)
+    return redirect("job", job_id=job.pk)
+
+
+@login_required
+@require_POST
+def job_launch(request, job_id: int):
+    job = _job(request, job_id)
+    try:
+        runs.launch(job)
+    except runs.LaunchError as exc:
+        messages.error(request, str(exc))
+        return redirect("job", job_id=job.pk)
+    return redirect("job-live", job_id=job.pk)
+
+
+@login_required
+def job_live(request, job_id: int):
+    job = _job(request, job_id)
+    return render(
+        request,
+        "jobs/live.html",
+        {"job": job, "devices_json": json.dumps(job.device_names)},
+    )
+
+
+@login_required
+@require_POST
+def job_cancel(request, job_id: int):
+    job = _job(request, job_id)
+    if not runs.cancel(job):
+        messages.error(request, f"Job {job.pk} already {job.status}.")
+    return redirect("job-live", job_id=job.pk)
+
+
+@login_required
+def job_model(request, job_id: int):
+    """The trained model: one state_dict of the whole (unpartitioned) model."""
+    job = _job(request, job_id)
+    path = runs.model_path(job)
+    if not path.exists():
+        raise Http404("this job has no trained model")
+    return FileResponse(open(path, "rb"), as_attachment=True, filename=f"asteroid-job{job.pk}-{job.model}.pt")
+
+
+@login_required
+def job_trace(request, job_id: int):
+    """Every measured step of the run as a Chrome trace (chrome://tracing, https://ui.perfetto.dev)."""
+    job = _job(request, job_id)
+    rows = JobEvent.objects.filter(job=job, type="step").values_list("data", flat=True)
+    steps = [StepEvent.from_message(ev) for ev in rows.iterator()]
+    if not steps:
+        raise Http404("this job has no measured steps")
+    trace = chrome_trace(steps, job.device_names, f"job {job.pk}: {job.plan['method']} {job.model}")
+    response = HttpResponse(json.dumps(trace), content_type="application/json")
+    response["Content-Disposition"] = f'attachment; filename="asteroid-job{job.pk}-trace.json"'
+    return response
