@@ -62,6 +62,14 @@ TEMPLATES = [
 DATABASES = {"default": database_config(env_str("DATABASE_URL", f"sqlite:///{VAR_DIR / 'db.sqlite3'}"))}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     VAR_DIR.mkdir(parents=True, exist_ok=True)
+    # Several processes write at once (daphne's agent sockets, the Celery worker): WAL lets readers go on
+    # while one writes, IMMEDIATE transactions take the write lock up front (a deferred one that upgrades
+    # fails with "database is locked" without waiting), and a writer waits up to 20 s for the lock.
+    DATABASES["default"]["OPTIONS"] = {
+        "timeout": 20,
+        "transaction_mode": "IMMEDIATE",
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -93,7 +101,10 @@ REDIS_URL = redis_url()
 # Without it (a bare `manage.py` command outside `make run`) there is no channel layer rather than a fake one;
 # only tests/conftest.py substitutes in-memory ones.
 if REDIS_URL:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}}
+    # redis-py 8 reads with a 5 s socket timeout by default, exactly as long as channels_redis blocks waiting for
+    # a message (BZPOPMIN, 5 s): an idle consumer's read then times out and its socket is closed (1011).
+    host = {"address": REDIS_URL, "socket_timeout": 30}
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [host]}}}
 else:
     CHANNEL_LAYERS = {}
 

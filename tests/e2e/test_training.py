@@ -1,0 +1,113 @@
+"""End to end, on the system `make run` starts: a script trains through the API and the job socket, then a
+user does the same in a real headless Chromium (Debian's, driven by Playwright) and watches it live."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import warnings
+from pathlib import Path
+
+import pytest
+from websockets.sync.client import connect
+
+from tests.e2e.conftest import ADMIN_PASSWORD, ROOT
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                  "--no-first-run", "--disable-quic", "--disable-sync"]  # fmt: skip
+# Screenshots of the main pages: into docs/screenshots with ASTEROID_SCREENSHOTS=1, else the test's folder.
+SHOTS = ROOT / "docs" / "screenshots" if os.environ.get("ASTEROID_SCREENSHOTS") else None
+JOB = {"model": "mobilenetv2", "dataset": "synthetic", "batch_size": 32, "iterations": 3}
+
+
+def test_a_script_trains_through_the_api_and_watches_the_socket(system):
+    job = system.api("/api/jobs/", JOB)
+    assert job["status"] == "queued" and job["id"]
+    done = system.wait("the plan", lambda: (j := system.api(f"/api/jobs/{job['id']}/"))["status"] != "planning"
+                       and j["status"] != "queued" and j, 120)  # fmt: skip
+    assert done["status"] == "planned", done["message"]
+    ws_url = system.url.replace("http://", "ws://") + f"/ws/jobs/{job['id']}/"
+    with connect(ws_url, additional_headers={"Authorization": f"Bearer {system.token}"}, open_timeout=10) as ws:
+        assert json.loads(ws.recv(10))["type"] == "snapshot"
+        launched = system.api(f"/api/jobs/{job['id']}/launch/", {})
+        assert launched["status"] == "running"
+        iterations, status = [], None
+        while status not in ("completed", "failed", "cancelled"):
+            msg = json.loads(ws.recv(240))
+            if msg["type"] == "iteration":
+                iterations.append(msg)
+            elif msg["type"] == "status":
+                status = msg["status"]
+    final = system.api(f"/api/jobs/{job['id']}/")
+    assert status == "completed", final["message"] + "\n" + system.tail()
+    assert [m["iteration"] for m in iterations] == [0, 1, 2]
+    assert all(m["throughput"] > 0 and m["loss"] > 0 for m in iterations)
+    assert final["latest"]["iteration"] == 2 and "samples/s against" in final["message"]
+    devices = {d["name"]: d for d in system.api("/api/devices/")["devices"]}
+    assert all(devices[name]["status"] == "online" and devices[name]["job"] is None for name in final["devices"])
+    assert all(d["measured"]["emulated"] and d["measured"]["host_gflops"] > 0 for d in devices.values())
+
+
+def test_a_user_plans_launches_and_watches_a_job_in_chromium(system, tmp_path):
+    if not Path(CHROMIUM).exists():
+        reason = "BROWSER TEST SKIPPED: no chromium (make test installs Debian's chromium where it runs as root)"
+        warnings.warn(reason, stacklevel=1)
+        pytest.skip(reason)
+    os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # Playwright's sync API runs an event loop
+    from playwright.sync_api import expect, sync_playwright
+
+    shots = SHOTS or tmp_path
+    shots.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+        page = browser.new_page(viewport={"width": 1366, "height": 900})
+        page.set_default_timeout(30_000)
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        external: list[str] = []
+        page.on(
+            "request", lambda r: r.url.startswith(system.url) or r.url.startswith("data:") or external.append(r.url)
+        )
+
+        page.goto(system.url + "/")
+        page.fill("#id_username", "admin")
+        page.fill("#id_password", ADMIN_PASSWORD)
+        page.click("button[type=submit]")
+        expect(page.locator("h1")).to_have_text("Asteroid")
+
+        page.goto(system.url + "/devices/")
+        expect(page.locator("#devices tbody tr")).to_have_count(6)
+        expect(page.locator("#devices .status-online")).to_have_count(6, timeout=20_000)
+        page.screenshot(path=str(shots / "devices.png"), full_page=True)
+
+        page.goto(system.url + "/jobs/new/")
+        page.select_option("#id_model", "mobilenetv2")
+        page.fill("#id_batch_size", str(JOB["batch_size"]))
+        page.fill("#id_iterations", str(JOB["iterations"]))
+        page.click("#job-form button[type=submit]")
+        expect(page.locator("#launch")).to_be_visible(timeout=120_000)  # the page reloads once planned
+        expect(page.locator("#comparison tbody tr")).to_have_count(5)
+        expect(page.locator("#comparison tr.best td").first).to_have_text("asteroid")
+        for fig in ("fig-comparison", "fig-pipeline", "fig-memory", "fig-timeline"):
+            expect(page.locator(f'[data-figure-id="{fig}"] .main-svg').first).to_be_attached()
+        page.screenshot(path=str(shots / "plan.png"), full_page=True)
+
+        page.click("#launch")
+        page.wait_for_url("**/live/")
+        points = "() => (document.getElementById('throughput-chart').data || [{x: []}])[0].x.length"
+        page.wait_for_function(f"{points} >= 1", timeout=180_000)
+        expect(page.locator("#device-states .state-training").first).to_be_attached()
+        expect(page.locator("#job-status")).to_have_text("completed", timeout=180_000)
+        page.wait_for_function(f"{points} >= {JOB['iterations']}")
+        expect(page.locator("#cancel-form")).to_be_hidden()
+        expect(page.locator("#download-model")).to_be_visible()
+        assert page.locator("#event-log li").count() >= 3
+        page.screenshot(path=str(shots / "live.png"), full_page=True)
+
+        page.goto(system.url + "/jobs/")
+        expect(page.locator("#jobs .status-completed").first).to_be_visible()
+        browser.close()
+    assert not errors, errors
+    assert not external, f"pages fetched from outside the site: {external}"

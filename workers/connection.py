@@ -1,0 +1,251 @@
+"""The agent's WebSocket session with the site: hello/welcome, events with acks and resends, heartbeats, reconnects.
+
+Everything here runs on one asyncio loop that never does heavy work: training is in a child process,
+and preparing a job (which may profile a model) runs in a worker thread, so heartbeats always go out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import threading
+from collections.abc import Awaitable, Callable
+
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus, InvalidURI, WebSocketException
+
+from engine.errors import UserError
+from workers.device import Runner
+from workers.outbox import Outbox
+from workers.site import Site
+
+log = logging.getLogger("workers.connection")
+
+REFUSED_CODE = 4401  # close code of a bad or revoked credential
+MAX_EVENTS = 200  # events per `events` message (protocol)
+MAX_MESSAGE_BYTES = 192 * 1024  # under the site's 256 KiB frame limit
+SEND_EVERY_S = 0.2  # batch what is queued, a few times a second
+WELCOME_TIMEOUT_S = 10.0
+DEFAULT_HEARTBEAT_S = 5.0
+
+
+class Refused(UserError):
+    """The site refused the device credential: fatal, the device has to be enrolled again."""
+
+
+class Backoff:
+    """Reconnect delays: 0.5 s doubling up to 30 s, each drawn in [d/2, d] so agents do not reconnect in step."""
+
+    def __init__(self, first: float = 0.5, cap: float = 30.0, rng: Callable[[], float] = random.random):
+        self.first, self.cap, self.rng = first, cap, rng
+        self.reset()
+
+    def reset(self) -> None:
+        self._next = self.first
+
+    def next(self) -> float:
+        delay = self._next
+        self._next = min(self.cap, delay * 2)
+        return delay * (0.5 + 0.5 * self.rng())
+
+
+def event_messages(entries: list[dict]) -> list[str]:
+    """`events` messages (JSON text) carrying `entries` in order: at most MAX_EVENTS and ~MAX_MESSAGE_BYTES each."""
+    messages, parts, size = [], [], 0
+    for entry in entries:
+        text = json.dumps(entry)
+        if parts and (len(parts) == MAX_EVENTS or size + len(text) > MAX_MESSAGE_BYTES):
+            messages.append('{"type": "events", "events": [' + ", ".join(parts) + "]}")
+            parts, size = [], 0
+        parts.append(text)
+        size += len(text) + 2
+    if parts:
+        messages.append('{"type": "events", "events": [' + ", ".join(parts) + "]}")
+    return messages
+
+
+class Connection:
+    """Keeps one session with the site alive until `stop` is set; raises Refused for a refused credential."""
+
+    def __init__(
+        self,
+        site: Site,
+        credential: str,
+        hello: Callable[[], Awaitable[dict]],
+        outbox: Outbox,
+        runner: Runner,
+        backoff: Backoff | None = None,
+    ):
+        self.site, self.credential, self.hello = site, credential, hello
+        self.outbox, self.runner = outbox, runner
+        self.backoff = backoff or Backoff()
+        self.device: str | None = None  # the site's name for this device, from `welcome`
+        self.connected = threading.Event()  # set while a session is up (after `welcome`)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Connect, serve, and reconnect with backoff until `stop`; buffered events wait in the outbox meanwhile."""
+        while not stop.is_set():
+            try:
+                await self._until_stopped(stop)
+                reason = "closed by the site"
+            except InvalidStatus as exc:
+                status = exc.response.status_code
+                if status in (401, 403):
+                    raise self._refused(f"HTTP {status}") from None
+                reason = f"the site answered HTTP {status}"
+            except ConnectionClosed as exc:
+                if exc.rcvd is not None and exc.rcvd.code == REFUSED_CODE:
+                    raise self._refused(f"close code {REFUSED_CODE}") from None
+                reason = f"connection lost ({exc.rcvd.code if exc.rcvd else 'no close frame'})"
+            except InvalidURI as exc:
+                raise UserError(f"bad agent socket URL {self.site.socket_url}: {exc}") from None
+            except (OSError, TimeoutError, WebSocketException) as exc:
+                reason = str(exc) or type(exc).__name__
+            finally:
+                if self.connected.is_set():
+                    self.connected.clear()
+            if stop.is_set():
+                break
+            delay = self.backoff.next()
+            log.info("disconnected from %s: %s; retrying in %.1f s", self.site.url, reason, delay)
+            try:
+                await asyncio.wait_for(stop.wait(), delay)
+            except TimeoutError:
+                pass
+
+    async def _until_stopped(self, stop: asyncio.Event) -> None:
+        """One session; a stop while connecting abandons it, a stop once connected lets it say goodbye."""
+        session = asyncio.create_task(self._session(stop))
+        stopped = asyncio.create_task(stop.wait())
+        try:
+            await asyncio.wait({session, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            if not session.done() and not self.connected.is_set():
+                session.cancel()
+            await asyncio.gather(session, return_exceptions=True)
+        finally:
+            stopped.cancel()
+            session.cancel()  # a no-op once it is done; takes it along if this task itself is cancelled
+        if not session.cancelled():
+            session.result()
+
+    def _refused(self, how: str) -> Refused:
+        return Refused(
+            f"the server refused this device's credential ({how}): it was revoked or is unknown; enroll again with "
+            f"a new token from the site: python -m workers.agent --server {self.site.url} --token NEW_TOKEN"
+        )
+
+    async def _session(self, stop: asyncio.Event) -> None:
+        headers = {"Authorization": f"Bearer {self.credential}"}
+        async with connect(self.site.socket_url, additional_headers=headers, open_timeout=WELCOME_TIMEOUT_S) as ws:
+            await ws.send(json.dumps(await self.hello()))
+            welcome = await self._welcome(ws)
+            self.device = welcome.get("device")
+            self.runner.device = self.device or ""
+            self.outbox.ack(_int(welcome.get("last_seq")))
+            every = welcome.get("heartbeat_s")
+            every = every if isinstance(every, int | float) and not isinstance(every, bool) and every > 0 else None
+            self.backoff.reset()
+            self.connected.set()
+            log.info("connected to %s as %s (%d events to resend)", self.site.url, self.device, len(self.outbox))
+            tasks = [
+                asyncio.create_task(self._receive(ws)),
+                asyncio.create_task(self._send_events(ws)),
+                asyncio.create_task(self._heartbeats(ws, every or DEFAULT_HEARTBEAT_S)),
+                asyncio.create_task(stop.wait()),
+            ]
+            try:
+                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+            if stop.is_set():
+                await self._goodbye(ws)
+                return
+            for task in done:
+                task.result()  # the exception that ended the session (ConnectionClosed, mostly)
+
+    async def _welcome(self, ws: ClientConnection) -> dict:
+        """The site's reply to hello (anything else before it is logged and skipped)."""
+        async with asyncio.timeout(WELCOME_TIMEOUT_S):
+            while True:
+                msg = _parse(await ws.recv())
+                if msg.get("type") == "welcome":
+                    return msg
+                log.warning("expected welcome from the site, got %s", _describe(msg))
+
+    async def _goodbye(self, ws: ClientConnection) -> None:
+        """Stopping: end any run (its `job-stopped` event included) and send what is left, briefly."""
+        await asyncio.to_thread(self.runner.shutdown)
+        try:
+            async with asyncio.timeout(2.0):
+                for text in event_messages(self.outbox.pending()):
+                    await ws.send(text)
+        except (TimeoutError, ConnectionClosed):
+            pass
+
+    async def _receive(self, ws: ClientConnection) -> None:
+        async for raw in ws:
+            msg = _parse(raw)
+            kind = msg.get("type")
+            if kind == "ack":
+                self.outbox.ack(_int(msg.get("seq")))
+            elif kind == "assign":
+                await self._assign(ws, msg)
+            elif kind == "start":
+                try:
+                    self.runner.start(msg)
+                except UserError as exc:
+                    log.warning("cannot start job %s: %s", msg.get("job"), exc)
+                    self.runner.refuse(msg.get("job"), str(exc))
+            elif kind == "cancel":
+                self.runner.cancel(msg.get("job"))
+            elif kind == "error":
+                log.warning("the site rejected a message: %s", msg.get("message"))
+            else:
+                log.warning("ignoring %s", _describe(msg))
+
+    async def _assign(self, ws: ClientConnection, msg: dict) -> None:
+        """Prepare the job off the loop (it may profile the model), then reply `accepted`; or refuse it."""
+        job = msg.get("job")
+        try:
+            reply = await asyncio.to_thread(self.runner.assign, msg)
+        except Exception as exc:  # any reason this device cannot take part goes back to the site, not up
+            log.warning("refusing job %s: %s", job, exc)
+            self.runner.refuse(job, str(exc) or type(exc).__name__)
+            return
+        await ws.send(json.dumps(reply))
+
+    async def _send_events(self, ws: ClientConnection) -> None:
+        """Everything not yet acknowledged (a resend after welcome), then new events as they come."""
+        sent = 0
+        while True:
+            entries = self.outbox.pending(after=sent)
+            for text in event_messages(entries):
+                await ws.send(text)
+            if entries:
+                sent = entries[-1]["seq"]
+            await asyncio.sleep(SEND_EVERY_S)
+
+    async def _heartbeats(self, ws: ClientConnection, every: float) -> None:
+        while True:
+            await ws.send(json.dumps({"type": "heartbeat", "state": self.runner.state, "job": self.runner.job}))
+            await asyncio.sleep(every)
+
+
+def _parse(raw) -> dict:
+    try:
+        msg = json.loads(raw)
+    except (ValueError, TypeError):
+        return {"type": None, "raw": str(raw)[:80]}
+    return msg if isinstance(msg, dict) else {"type": None, "raw": str(raw)[:80]}
+
+
+def _describe(msg: dict) -> str:
+    return f"message of type {msg['type']!r}" if msg.get("type") else f"malformed message {msg.get('raw', msg)!r}"
+
+
+def _int(value) -> int:
+    return value if type(value) is int else 0

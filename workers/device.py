@@ -1,0 +1,317 @@
+"""This device's part of a run: the device process of an assigned job, its events, its uploaded model part.
+
+    runner = Runner(site, credential, outbox)
+    accepted = runner.assign(msg)   # blocking (may profile the model): call it off the event loop
+    runner.start(msg)               # returns at once; a supervisor thread runs the process and relays its events
+    runner.cancel(job)              # SIGTERM, then SIGKILL after KILL_AFTER_S; a `job-stopped` event follows
+
+The device process runs `engine.runtime.worker.run_device` exactly as `python -m engine train --rank` does
+(rank 0 serves the rendezvous store, on a port this agent picked when it accepted). Its events reach the
+outbox through a multiprocessing queue; a supervisor thread per run reads them, uploads the model part
+carried by `device-done`, and reports a process that died without saying why.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import queue as queue_mod
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+from engine.errors import UserError
+from workers.outbox import Outbox
+from workers.site import HttpError, Site
+
+log = logging.getLogger("workers.device")
+
+KILL_AFTER_S = 3.0  # a cancelled device process gets this long to die of SIGTERM before SIGKILL
+TRACEBACK_CHARS = 20_000  # keeps an events message under the site's 256 KiB frame limit
+UPLOAD_TRIES = 5
+OPTIONS = ("iterations", "lr", "seed", "dataset", "emulate", "dilation", "timeout_s", "save_model", "generation")
+
+
+def free_port() -> int:
+    """A TCP port free on every interface now, for rank 0's rendezvous store (bound later by the device process)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("0.0.0.0", 0))
+        return s.getsockname()[1]
+
+
+def _child(cfg, events) -> None:
+    """The device process: one `run_device`, its events into the queue, its exit status out."""
+    from engine.runtime.worker import run_device
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in the terminal is the agent's to handle
+    try:  # die with the fork server, which dies with the agent: no orphan keeps training after a crash
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG (Linux)
+    except (OSError, AttributeError):
+        pass
+    code = run_device(cfg, events.put)
+    events.close()
+    events.join_thread()  # every event is in the pipe before the process exits
+    sys.exit(code)
+
+
+def upload_part(site: Site, credential: str, job, data: bytes) -> None:
+    """POST a trained stage's `torch.save(state_dict)` bytes; retries while the site is unreachable or failing."""
+    delay = 1.0
+    for attempt in range(1, UPLOAD_TRIES + 1):
+        try:
+            site.post(f"/api/agent/jobs/{job}/part/", data, "application/octet-stream", credential)
+            return
+        except HttpError as exc:
+            if exc.status < 500 or attempt == UPLOAD_TRIES:
+                raise
+        except OSError:
+            if attempt == UPLOAD_TRIES:
+                raise
+        time.sleep(delay)  # waiting out a site restart, on the supervisor thread (never the event loop)
+        delay *= 2
+
+
+class Runner:
+    """At most one job at a time: assigned (prepared), then running (a device process), then idle again."""
+
+    def __init__(self, site: Site, credential: str, outbox: Outbox, workload: Callable | None = None):
+        self.site, self.credential, self.outbox = site, credential, outbox
+        self._workload = workload  # model name -> engine Workload; None: the host's cached profile
+        self.device = ""  # the site's name for this device (from `welcome`), for events of jobs it could not take
+        self._lock = threading.Lock()
+        self._clear()
+
+    def _clear(self) -> None:
+        self._job = None
+        self._name = ""
+        self._cfg = None
+        self._port: int | None = None
+        self._proc = None
+        self._thread: threading.Thread | None = None
+        self._stop_reason: str | None = None  # set when the agent ends the run (cancel, shutdown)
+
+    @property
+    def job(self):
+        return self._job
+
+    @property
+    def state(self) -> str:
+        return "idle" if self._job is None else "busy"
+
+    # -- messages from the site -------------------------------------------------------------------------
+
+    def assign(self, msg: dict) -> dict:
+        """Prepare this device's part of the run in `msg`; the `accepted` reply. Raises UserError when it
+        cannot take part (busy, malformed plan, rank out of range). Blocking: profiles the model on first use."""
+        from engine.costmodel import score
+        from engine.plan import Plan
+        from engine.runtime.launcher import RunOptions
+        from engine.runtime.worker import DeviceConfig
+        from engine.steps import device_steps
+
+        job = msg.get("job")
+        with self._lock:
+            if self._job is not None:
+                if self._job == job:  # the site asked again (our reply was lost in a reconnect)
+                    return {"type": "accepted", "job": job, "port": self._port}
+                raise UserError(f"this device is busy with job {self._job}")
+        rank, options = msg.get("rank"), msg.get("options") or {}
+        if type(rank) is not int or not isinstance(options, dict):
+            raise UserError("assign needs an integer rank and an options object")
+        plan = Plan.from_dict(msg.get("plan"))
+        if not 0 <= rank < len(plan.device_names):
+            raise UserError(f"rank {rank} is not in the plan, which has {len(plan.device_names)} devices")
+        try:
+            run = RunOptions(**{k: options[k] for k in OPTIONS if options.get(k) is not None})
+        except (TypeError, ValueError) as exc:
+            raise UserError(f"bad run options: {exc}") from None
+        w = self._workload(plan.model) if self._workload else _profiled(plan.model)
+        plan.validate(w.num_layers)
+        name = plan.device_names[rank]
+        if self.device and name != self.device:  # the plan's name is what its peers and events use; go along
+            log.warning("job %s: the plan calls this device %s, the site calls it %s", job, name, self.device)
+        cfg = DeviceConfig(
+            plan=plan,
+            steps=device_steps(plan, w)[name],
+            rank=rank,
+            host="",  # from `start`
+            port=0,
+            serve_store=rank == 0,
+            save_parts=run.save_model,
+            predicted_iteration_s=score(plan, w).iteration_s,
+            **{k: getattr(run, k) for k in ("generation", "iterations", "lr", "seed", "dataset")},
+            **{k: getattr(run, k) for k in ("emulate", "dilation", "timeout_s")},
+        )
+        port = free_port() if rank == 0 else None
+        with self._lock:
+            if self._job is not None:
+                raise UserError(f"this device is busy with job {self._job}")
+            self._job, self._name, self._cfg, self._port = job, name, cfg, port
+        log.info("job %s: accepted as %s (rank %d of %d)", job, name, rank, cfg.world_size)
+        return {"type": "accepted", "job": job, "port": port}
+
+    def start(self, msg: dict) -> None:
+        """Start the device process against the store at `host:port`; returns at once."""
+        job, host, port = msg.get("job"), msg.get("host"), msg.get("port")
+        if not isinstance(host, str) or not host or type(port) is not int or not 0 < port < 65536:
+            raise UserError(f"start of job {job} needs a host and a port, got {host!r}:{port!r}")
+        with self._lock:
+            if job != self._job or self._cfg is None:
+                raise UserError(f"start of job {job}, which this device has not accepted")
+            if self._thread is not None:
+                return  # already started (a repeated start after a reconnect)
+            cfg = replace(self._cfg, host=host, port=port)
+            self._thread = threading.Thread(
+                target=self._supervise, args=(job, cfg), name=f"device-job-{job}", daemon=True
+            )
+            self._thread.start()
+
+    def cancel(self, job) -> None:
+        """Stop `job`'s device process; a `job-stopped` event reports it (at once when it had not started)."""
+        self._stop(job, "cancelled")
+
+    def shutdown(self, timeout: float = KILL_AFTER_S + 5) -> None:
+        """Stop any run because the agent is stopping, and wait for its process to be gone."""
+        thread = self._thread
+        if self._job is not None:
+            self._stop(self._job, "agent-stopped")
+        if thread is not None:
+            thread.join(timeout)
+
+    def refuse(self, job, message: str) -> None:
+        """Tell the site this device cannot take part in `job` (a `device-error`, then `job-stopped` rejected)."""
+        with self._lock:
+            name = self._name if job == self._job else self.device
+            if job == self._job and self._thread is None:
+                self._clear()
+        error = {"type": "device-error", "device": name, "iteration": -1, "message": message, "cause": "own"}
+        self.outbox.add(job, {**error, "traceback": ""})
+        self.outbox.add(job, {"type": "job-stopped", "device": name, "reason": "rejected"})
+
+    def _stop(self, job, reason: str) -> None:
+        with self._lock:
+            if job != self._job or self._thread is None:
+                # not running: nothing to kill, but the site still hears that the job is over here
+                name = self._name if job == self._job else self.device
+                if job == self._job:
+                    self._clear()
+                self.outbox.add(job, {"type": "job-stopped", "device": name, "reason": reason})
+                log.info("job %s: %s before it started", job, reason)
+                return
+            self._stop_reason = self._stop_reason or reason
+            if self._proc is not None and self._proc.exitcode is None:
+                self._proc.terminate()
+        log.info("job %s: stopping the device process (%s)", job, reason)
+
+    # -- the device process -----------------------------------------------------------------------------
+
+    def _supervise(self, job, cfg) -> None:
+        """Run the device process and relay its events until it exits; then report how it ended."""
+        from engine.runtime.launcher import process_context
+
+        seen = _Seen()
+        ctx = process_context()
+        events = ctx.Queue()
+        proc = ctx.Process(target=_child, args=(cfg, events), name=f"asteroid-{self._name}", daemon=True)
+        try:
+            proc.start()  # the first start also starts the fork server (it imports torch once)
+        except Exception as exc:  # no process: report it like one that died at start-up
+            events.close()
+            self._finish(job, None, seen, f"cannot start the device process: {exc}")
+            return
+        with self._lock:
+            self._proc = proc
+            if self._stop_reason is not None:  # cancelled while it was starting
+                proc.terminate()
+        where = f"{cfg.host}:{cfg.port}"
+        log.info("job %s: device process %d started (rank %d, store %s)", job, proc.pid, cfg.rank, where)
+        stopping_since = None
+        while True:
+            try:
+                self._relay(job, events.get(timeout=0.2), seen)
+            except queue_mod.Empty:
+                if proc.exitcode is not None:
+                    break
+            if self._stop_reason is not None:
+                stopping_since = stopping_since or time.monotonic()
+                if time.monotonic() - stopping_since > KILL_AFTER_S and proc.exitcode is None:
+                    proc.kill()  # SIGTERM was not enough (stuck in a native call)
+        while True:  # what it wrote just before exiting
+            try:
+                self._relay(job, events.get(timeout=0.2), seen)
+            except (queue_mod.Empty, EOFError, OSError):
+                break
+        proc.join()
+        events.close()
+        code = proc.exitcode
+        why = f"died ({signal.Signals(-code).name})" if code is not None and code < 0 else f"exit status {code}"
+        self._finish(job, code, seen, f"device process {why} without reporting an error")
+
+    def _relay(self, job, ev: dict, seen: _Seen) -> None:
+        kind = ev.get("type")
+        if kind == "device-start":
+            log.info("job %s: device %s training (dilation %s)", job, ev.get("device"), ev.get("dilation"))
+        elif kind == "step":
+            seen.iteration = max(seen.iteration, ev.get("iteration", -1))
+        elif kind == "device-error":
+            seen.error = True
+            ev["traceback"] = ev.get("traceback", "")[-TRACEBACK_CHARS:]
+            log.warning("job %s: device %s failed: %s", job, ev.get("device"), ev.get("message"))
+        elif kind == "device-done":
+            seen.done = True
+            ev["part"] = self._upload(job, ev)
+        self.outbox.add(job, ev)
+
+    def _upload(self, job, ev: dict) -> bool:
+        data = ev.pop("state_dict", b"")
+        if not data:
+            return False
+        try:
+            upload_part(self.site, self.credential, job, data)
+        except (HttpError, OSError) as exc:
+            ev["part_error"] = f"upload of the model part failed: {exc}"
+            log.error("job %s: %s", job, ev["part_error"])
+            return False
+        log.info("job %s: model part uploaded (%d bytes)", job, len(data))
+        return True
+
+    def _finish(self, job, code: int | None, seen: _Seen, failure: str) -> None:
+        """Report how the run ended (`failure`: what to say when the process failed silently); back to idle."""
+        name, reason = self._name, self._stop_reason
+        if reason is None and code != 0 and not seen.error:
+            self.outbox.add(
+                job,
+                {
+                    "type": "device-error",
+                    "device": name,
+                    "iteration": seen.iteration,
+                    "message": failure,
+                    "cause": "own",
+                    "traceback": "",
+                },
+            )
+            log.warning("job %s: %s", job, failure)
+            reason = "died"
+        # A cancel always gets its reply; an agent stopping just after the device finished ended nothing.
+        if reason == "cancelled" or (reason is not None and not seen.done):
+            self.outbox.add(job, {"type": "job-stopped", "device": name, "reason": reason})
+        log.info("job %s: finished (%s)", job, reason or ("done" if seen.done else f"exit status {code}"))
+        with self._lock:
+            self._clear()
+
+
+class _Seen:
+    """What a run's events told the supervisor: the iteration reached, whether it reported an error or finished."""
+
+    def __init__(self) -> None:
+        self.iteration, self.error, self.done = -1, False, False
+
+
+def _profiled(model: str):
+    from engine.workloads import workload
+
+    return workload(model)

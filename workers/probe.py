@@ -1,0 +1,101 @@
+"""What this device is: its kind, measured speed and memory (or an emulated kind's), and its LAN address."""
+
+from __future__ import annotations
+
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.devices import GIB, get_kind
+
+BENCH_S = 0.3  # a fraction of a second of matmuls: enough for a stable figure, short enough for every start
+CUSTOM = "custom"
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """The figures an agent reports in `hello`."""
+
+    kind: str
+    emulated: bool
+    memory_bytes: int
+    gflops: float  # effective: the emulated kind's peak, else what the host measured
+    host_gflops: float
+
+    def to_dict(self) -> dict:
+        return {
+            "kind": self.kind,
+            "emulated": self.emulated,
+            "memory_bytes": self.memory_bytes,
+            "gflops": self.gflops,
+            "host_gflops": self.host_gflops,
+        }
+
+
+def measure(emulate: str | None = None) -> Capacity:
+    """Benchmark the host; with `emulate` (a kind or alias) report that kind's speed and memory instead."""
+    host = matmul_gflops()
+    if emulate:
+        kind = get_kind(emulate)
+        return Capacity(kind.key, True, int(kind.memory_gb * GIB), kind.gflops, host)
+    return Capacity(board_kind(), False, memory_bytes(), host, host)
+
+
+def matmul_gflops(n: int = 512, seconds: float = BENCH_S) -> float:
+    """Float32 matmul GFLOP/s of the host (on its GPU when it has one), from `seconds` of n x n products."""
+    import torch  # lazily: command-line mistakes are reported without the cost of importing torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    a = torch.randn(n, n, device=device)
+    b = torch.randn(n, n, device=device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    (a @ b).sum().item()  # warm-up: kernels, allocator, thread pool
+    sync()
+    count, start = 0, time.perf_counter()
+    while True:
+        a @ b
+        count += 1
+        if count % 4 == 0:
+            sync()
+            elapsed = time.perf_counter() - start
+            if elapsed >= seconds:
+                return 2 * n**3 * count / elapsed / 1e9
+
+
+def memory_bytes() -> int:
+    """Memory training can use: the GPU's total on CUDA, else MemTotal of /proc/meminfo (shared on a Jetson)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return int(torch.cuda.mem_get_info()[1])
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) * 1024  # the figure is in kB
+    raise OSError("/proc/meminfo has no MemTotal line")
+
+
+def board_kind() -> str:
+    """The Jetson kind named by the device tree (e.g. "NVIDIA Jetson Xavier NX Developer Kit"), else custom."""
+    try:
+        model = Path("/proc/device-tree/model").read_text(errors="replace").lower()
+    except OSError:
+        return CUSTOM
+    for needle, key in (("xavier nx", "jetson-xavier-nx"), ("tx2", "jetson-tx2"), ("nano", "jetson-nano")):
+        if "jetson" in model and needle in model:
+            return key
+    return CUSTOM
+
+
+def local_address(host: str, port: int) -> str:
+    """The local IP this machine uses to reach `host`: a UDP socket's connect picks the route, sending nothing.
+    IPv4 first: that is what the other boards' rendezvous clients are most likely to reach."""
+    for family in (socket.AF_INET, socket.AF_UNSPEC):
+        try:
+            family, _, _, _, addr = socket.getaddrinfo(host, port, family, socket.SOCK_DGRAM)[0]
+            with socket.socket(family, socket.SOCK_DGRAM) as s:
+                s.connect(addr)
+                return s.getsockname()[0]
+        except OSError:
+            continue
+    return "127.0.0.1"  # no route or no DNS right now; the next connect asks again
