@@ -14,6 +14,7 @@
   const GANTT_MS = 500; // the timeline is redrawn at most twice a second
   const MEAN_OF = 5; // measured throughput: mean of the last 5 iterations
   const LOG_LIMIT = 500;
+  const ROWS_SHOWN = 10; // iterations in the table beside the charts
   const RETRY_FIRST_MS = 1000;
   const RETRY_MAX_MS = 30000;
   const NO_RETRY_CODES = [4403, 4404]; // refused: not the user's job, or no such job
@@ -273,6 +274,24 @@
     }
   }
 
+  // The same numbers as a table, for reading without the charts: the latest iterations first.
+  function showIterationRows() {
+    const body = $('iteration-rows');
+    if (!body) return;
+    body.textContent = '';
+    live.points.slice(-ROWS_SHOWN).reverse().forEach((p) => {
+      const row = document.createElement('tr');
+      [String(p.x), isNumber(p.throughput) ? p.throughput.toFixed(1) : '–', isNumber(p.loss) ? p.loss.toFixed(4) : '–']
+        .forEach((text, i) => {
+          const cell = document.createElement('td');
+          cell.textContent = text;
+          if (i) cell.className = 'num';
+          row.appendChild(cell);
+        });
+      body.appendChild(row);
+    });
+  }
+
   function queueIteration(msg) {
     if (!msg || !isNumber(msg.iteration) || live.seen.has(msg.iteration)) return;
     live.seen.add(msg.iteration);
@@ -289,6 +308,7 @@
     const inOrder = fresh[0].x > lastX;
     live.points = live.points.concat(fresh);
     if (!inOrder) live.points.sort((a, b) => a.x - b.x);
+    showIterationRows();
     showProgress();
     showMeasuredThroughput();
     if (!hasPlotly()) return;
@@ -409,6 +429,7 @@
     });
     live.points.sort((a, b) => a.x - b.x);
     drawLineCharts();
+    showIterationRows();
     showProgress();
     showMeasuredThroughput();
 

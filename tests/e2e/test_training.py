@@ -50,12 +50,12 @@ def test_a_script_trains_through_the_api_and_watches_the_socket(system):
     assert all(d["measured"]["emulated"] and d["measured"]["host_gflops"] > 0 for d in devices.values())
 
 
-def test_a_user_plans_launches_and_watches_a_job_in_chromium(system, tmp_path):
+def test_a_user_plans_launches_and_watches_a_job_in_chromium(system, tmp_path, monkeypatch):
     if not Path(CHROMIUM).exists():
         reason = "BROWSER TEST SKIPPED: no chromium (make test installs Debian's chromium where it runs as root)"
         warnings.warn(reason, stacklevel=1)
         pytest.skip(reason)
-    os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # Playwright's sync API runs an event loop
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # Playwright's sync API runs an event loop
     from playwright.sync_api import expect, sync_playwright
 
     shots = SHOTS or tmp_path

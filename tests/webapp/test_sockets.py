@@ -220,3 +220,19 @@ def test_job_socket_owner_staff_and_strangers(bob, carol, alice):
         assert (await connect(origin=None))[0] is False  # no origin, no token
 
     async_to_sync(run)()
+
+
+def test_a_disabled_device_stays_connected_but_disabled():
+    device, credential = enrolled()
+    Device.objects.filter(pk=device.pk).update(status="disabled")
+
+    async def run():
+        ws = agent_socket(credential)
+        assert (await ws.connect())[0]
+        assert (await say(ws, HELLO))["type"] == "welcome"
+        await ws.send_json_to({"type": "heartbeat", "state": "idle"})
+        await ws.disconnect()
+
+    async_to_sync(run)()
+    device.refresh_from_db()
+    assert device.status == "disabled" and not device.available and device.last_heartbeat is not None

@@ -10,4 +10,4 @@ class DeviceAdmin(admin.ModelAdmin):
     list_display = ("name", "kind", "memory_gb", "gflops", "status", "last_heartbeat", "created_at")
     list_filter = ("kind", "status")
     search_fields = ("name",)
-    readonly_fields = ("last_heartbeat", "created_at")
+    readonly_fields = ("last_heartbeat", "created_at", "address", "measured", "job")

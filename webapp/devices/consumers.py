@@ -88,7 +88,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
     async def connect(self):
         self.device = await _authenticate(self.scope)
-        if self.device is None or self.device.status == Device.Status.DISABLED:
+        if self.device is None:  # a disabled device stays connected (and visible), it just gets no jobs
             await self.close(code=REFUSED)
             return
         self.group = f"agent.{self.device.pk}"

@@ -48,8 +48,7 @@ def device_disable(request, device_id: int):
     device = get_object_or_404(Device, pk=device_id)
     runs.device_lost(device, "was disabled by an administrator")
     Device.objects.filter(pk=device.pk).update(status=Device.Status.DISABLED, job=None)
-    runs.disconnect_agent(device.pk)
-    messages.info(request, f"{device.name} is disabled: its agent is disconnected and it takes no jobs.")
+    messages.info(request, f"{device.name} is disabled: it takes no jobs until it is enabled.")
     return redirect("devices")
 
 
