@@ -77,8 +77,9 @@ def _events(msg: dict) -> None:
         if event.get("type") not in EVENT_TYPES:
             raise ProtocolError(f"events: unknown event type {event.get('type')!r}")
         if event["type"] == "iteration":
-            for name in ("iteration", "throughput", "loss", "iteration_s"):
-                _number(event, name) if name != "loss" else _field(event, name, (int, float))
+            for name in ("iteration", "throughput", "iteration_s"):
+                _number(event, name)
+            _field(event, "loss", (int, float))  # a loss may be negative
         if event["type"] == "step":
             for name in ("start", "end"):
                 _number(event, name)

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from engine.devices import Cluster
 from engine.errors import UserError
+from engine.plan import Plan
 from engine.planners import COMPARED, NoFeasiblePlan, Problem, make_plan
 from webapp.devices.models import Device
 
@@ -51,8 +52,6 @@ def plan_all(model: str, batch_size: int, devices: list[Device], bandwidth_mbps:
     if "error" in comparison["asteroid"]:
         raise UserError(infeasible_message(problem, "asteroid").replace("--batch-size", "batch size"))
     progress(0.95, "simulating an iteration of the plan")
-    from engine.plan import Plan
-
     best = Plan.from_dict(comparison["asteroid"])
     steps = [e.to_dict() for e in simulate(best, w).events]
     return {"plan": comparison["asteroid"], "comparison": comparison, "simulation": steps}

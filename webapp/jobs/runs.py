@@ -90,15 +90,16 @@ def launch(job: Job) -> None:
         emulated = {bool(devices[n].measured.get("emulated", False)) for n in names}
         if len(emulated) > 1:
             raise LaunchError("the plan mixes emulated and real devices, which cannot share a run; re-plan")
-        now = timezone.now()
         claimed = Job.objects.filter(pk=job.pk, status=Job.Status.PLANNED).update(
-            status=Job.Status.RUNNING, launched_at=now, progress=0.0, message="waiting for the devices to accept"
+            status=Job.Status.RUNNING,
+            launched_at=timezone.now(),
+            progress=0.0,
+            message="waiting for the devices to accept",
+            emulated=emulated.pop(),
         )
         if not claimed:
             job.refresh_from_db()
             raise LaunchError(f"job {job.pk} is {job.status}, not planned: it cannot be launched")
-        job.emulated = emulated.pop()
-        Job.objects.filter(pk=job.pk).update(emulated=job.emulated)
         rows = [JobDevice(job=job, device=devices[n], name=n, rank=r) for r, n in enumerate(names)]
         JobDevice.objects.bulk_create(rows)
         Device.objects.filter(pk__in=[d.pk for d in devices.values()]).update(status=Device.Status.BUSY, job=job)

@@ -21,11 +21,9 @@ def plan_job(job_id: int) -> str:
     if not Job.objects.filter(pk=job_id, status=Job.Status.QUEUED).update(status=Job.Status.PLANNING, progress=0.0):
         return "not queued"
     job = Job.objects.get(pk=job_id)
-    last = [-1.0]
 
     def progress(fraction: float, message: str) -> None:
         runs.set_status(job, Job.Status.PLANNING, message, round(fraction, 3))
-        last[0] = fraction
 
     try:
         devices = pick_devices(job.requested_devices)
