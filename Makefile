@@ -17,7 +17,7 @@ $(STAMP): requirements.txt | $(PY)
 venv: $(STAMP)
 
 run: $(STAMP)
-	$(PY) -m webapp.launch
+	$(PY) -m webapp.startsite
 
 # The browser test drives Debian's chromium (Playwright downloads no browser here). Installed when missing and
 # this is a Debian machine where we are root; elsewhere tests/e2e says loudly why it skips.

@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from engine.report import comparison_table, plan_table
+    from engine.tables import comparison_table, plan_table
     from engine.workloads import workload
 
     cluster = load_cluster(args.cluster, args.bandwidth_mbps)
@@ -186,30 +186,24 @@ def fitting_plan(method: str, problem: Problem) -> Plan:
 
 def infeasible_message(problem: Problem, method: str) -> str:
     """Say what does not fit, and the largest batch size (halving) the method can offer instead."""
-    w, cluster = problem.workload, problem.cluster
-    state = w.static_bytes(0, w.num_layers)
-    total = sum(d.memory_bytes for d in cluster.devices)
+    from engine.planners.feasibility import diagnose
+
+    why = diagnose(problem, method)
     msg = (
-        f"model {w.model!r} at batch size {problem.batch_size} does not fit in cluster {cluster.name!r} "
-        f"with method {method} (weights, gradients and optimizer state take {state / GIB:.2f} GiB before "
-        f"activations; the devices have {total / GIB:.2f} GiB usable in all)"
+        f"model {why.model!r} at batch size {why.batch_size} does not fit in cluster {why.cluster!r} "
+        f"with method {why.method} (weights, gradients and optimizer state take {why.state_bytes / GIB:.2f} GiB "
+        f"before activations; the devices have {why.usable_bytes / GIB:.2f} GiB usable in all)"
     )
-    batch = problem.batch_size // 2
-    while batch >= 1:
-        try:
-            plan = make_plan(method, Problem(w, cluster, batch))
-            if plan.predicted.fits:
-                return f"{msg}; the largest batch size that fits is about {batch}: try --batch-size {batch}"
-        except NoFeasiblePlan:
-            pass
-        batch //= 2
-    return f"{msg}; it does not fit even at batch size 1"
+    batch = why.fitting_batch_size
+    if batch is None:
+        return f"{msg}; it does not fit even at batch size 1"
+    return f"{msg}; the largest batch size that fits is about {batch}: try --batch-size {batch}"
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     from engine.events import chrome_trace
-    from engine.report import simulation_table
     from engine.simulator import simulate
+    from engine.tables import simulation_table
     from engine.workloads import workload
 
     plan = _read_plan(args.plan)
@@ -242,8 +236,8 @@ def _read_plan(arg: str) -> Plan:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from engine.events import StepEvent, chrome_trace, side_by_side
-    from engine.report import iteration_line, run_summary
     from engine.runtime.launcher import RunOptions, save_events, train
+    from engine.tables import iteration_line, run_summary
     from engine.workloads import workload
 
     if (args.rank is None) != (args.rendezvous is None):
@@ -325,10 +319,10 @@ def _train_one_device(args: argparse.Namespace, plan: Plan, w, options) -> int:
     from dataclasses import replace
 
     from engine.costmodel import score
-    from engine.report import iteration_line
     from engine.runtime.launcher import save_events
     from engine.runtime.worker import DeviceConfig, run_device
     from engine.steps import device_steps
+    from engine.tables import iteration_line
 
     names = plan.device_names
     if not 0 <= args.rank < len(names):
@@ -337,14 +331,10 @@ def _train_one_device(args: argparse.Namespace, plan: Plan, w, options) -> int:
     if not host or not port.isdigit():
         raise UserError(f"--rendezvous must be HOST:PORT, got {args.rendezvous!r}")
     name = names[args.rank]
-    cfg = DeviceConfig(plan=plan, steps=device_steps(plan, w)[name], rank=args.rank, host=host, port=int(port))
-    cfg = replace(
-        cfg,
-        serve_store=args.rank == 0,
-        predicted_iteration_s=score(plan, w).iteration_s,
-        **{k: getattr(options, k) for k in ("generation", "iterations", "lr", "seed", "dataset", "data_dir")},
-        **{k: getattr(options, k) for k in ("emulate", "dilation", "timeout_s")},
-    )
+    steps, predicted = device_steps(plan, w)[name], score(plan, w).iteration_s
+    # --save is the launcher's (it merges every stage's part); one device of a distributed run saves nothing
+    options = replace(options, save_model=False)
+    cfg = DeviceConfig(plan, steps, args.rank, host, int(port), options, args.rank == 0, predicted)
     write = save_events(args.events) if args.events else None
     errors: list[str] = []
 
@@ -364,12 +354,9 @@ def _train_one_device(args: argparse.Namespace, plan: Plan, w, options) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    if args.name == "planner":
-        from engine.bench import planner_bench
+    from engine import bench
 
-        report = planner_bench(quick=args.quick, timeout=args.timeout)
-    else:
-        report = _bench_reproduce(args)
+    report = bench.run(args)
     print(report)
     if args.output:
         try:
@@ -377,55 +364,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise UserError(f"cannot write {args.output}: {exc}") from None
     return 0
-
-
-def _bench_reproduce(args: argparse.Namespace) -> str:
-    from engine import reproduce
-    from engine.devices import CLUSTERS
-    from engine.models import get_model
-
-    clusters = args.clusters.upper()
-    if not clusters or any(c not in CLUSTERS for c in clusters):
-        raise UserError(f"--clusters takes letters of {''.join(CLUSTERS)}, got {args.clusters!r}")
-    if args.models:
-        names = [m.strip() for m in args.models.split(",") if m.strip()]
-        for m in names:
-            get_model(m)
-        models = {m: reproduce.MODELS.get(m, 16) for m in names}
-    else:
-        models = {"mobilenetv2": reproduce.MODELS["mobilenetv2"]} if args.quick else dict(reproduce.MODELS)
-    try:
-        bandwidths = tuple(float(x) for x in args.bandwidths.split(","))
-    except ValueError:
-        raise UserError(f"--bandwidths takes comma-separated numbers, got {args.bandwidths!r}") from None
-    if any(not b > 0 for b in bandwidths):
-        raise UserError("--bandwidths must be positive")
-    methods = reproduce.METHODS
-    if args.methods:
-        methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
-        unknown = [m for m in methods if m not in reproduce.METHODS]
-        if unknown or not methods:
-            raise UserError(f"--methods takes some of {', '.join(reproduce.METHODS)}, got {args.methods!r}")
-    if args.quick:
-        clusters = "C" if args.clusters == "ABCD" else clusters
-    command = "python -m engine " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["bench"] else "bench reproduce"
-    if args.from_record:
-        runs = reproduce.load_runs([Path(p) for p in args.from_record.split(",")])
-    else:
-        runs = reproduce.reproduce(
-            clusters,
-            models,
-            bandwidths,
-            methods,
-            iterations=args.iterations,
-            budget_s=args.budget,
-            progress=sys.stderr.isatty(),
-            record=Path(args.record) if args.record else None,
-        )
-    if args.figure:
-        for path in reproduce.figure(runs, Path(args.figure)):
-            print(f"figure written to {path}", file=sys.stderr)
-    return reproduce.report(runs, command)
 
 
 def cmd_models(args: argparse.Namespace) -> int:

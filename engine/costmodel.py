@@ -125,10 +125,28 @@ class StageTerms:
     cap: int  # most samples per micro-batch that fit in the device's memory (0: not even one)
 
 
+def link_s(cluster: Cluster, nbytes: float) -> float:
+    """One message of `nbytes` over a link: latency + bytes / bandwidth."""
+    return cluster.latency_s + nbytes / cluster.bytes_per_s
+
+
+def ring_allreduce_s(cluster: Cluster, nbytes: float, group: int) -> float:
+    """Ring all-reduce of `nbytes` across `group` devices: 2 (g - 1) / g * bytes / bandwidth + 2 (g - 1) latency."""
+    if group < 2:
+        return 0.0
+    return 2 * (group - 1) / group * nbytes / cluster.bytes_per_s + 2 * (group - 1) * cluster.latency_s
+
+
+def stage_fixed_s(cluster: Cluster, layers: int, boundaries: int) -> float:
+    """A device's per-micro-batch cost that does not grow with its samples: each layer's launch overhead in
+    the forward and the backward, and one message latency each way over each of the stage's `boundaries`
+    (0, 1 or 2 neighbouring stages). Linear in both, which the planner's bounds rely on."""
+    return 2 * layers * LAYER_OVERHEAD_S + 2 * boundaries * cluster.latency_s
+
+
 def stage_terms(w: Workload, cluster: Cluster, dev: Device, i: int, j: int, in_flight: int) -> StageTerms:
     a_in, a_out = w.boundary_bytes(i, j)
-    messages = 2 * ((i > 0) + (j < w.num_layers))
-    fixed = 2 * (j - i) * LAYER_OVERHEAD_S + messages * cluster.latency_s
+    fixed = stage_fixed_s(cluster, j - i, (i > 0) + (j < w.num_layers))
     per_sample = w.work(i, j) / dev.flops_per_s + (a_in + a_out) / cluster.bytes_per_s
     per_sample = max(per_sample, 1e-15)  # a stage of free layers (flatten) still takes a sample
     per_mem = in_flight * w.saved(i, j) + w.peak(i, j)
@@ -144,9 +162,7 @@ def device_memory(w: Workload, i: int, j: int, in_flight: int, samples: int) -> 
 
 def allreduce_s(w: Workload, cluster: Cluster, i: int, j: int, group: int) -> float:
     """Ring all-reduce of the stage's gradients across `group` devices."""
-    if group < 2:
-        return 0.0
-    return 2 * (group - 1) / group * w.params(i, j) / cluster.bytes_per_s + 2 * (group - 1) * cluster.latency_s
+    return ring_allreduce_s(cluster, w.params(i, j), group)
 
 
 def allocate(terms: list[StageTerms], counts: list[int], m: int) -> tuple[float, list[list[int]]] | None:

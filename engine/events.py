@@ -1,22 +1,102 @@
-"""Timeline events, one plain-data form for the simulator, the runtime and the dashboard; Chrome-trace export.
+"""The event catalogue: one dataclass per kind of event a run reports, shared by the runtime, agents and the site.
 
-The runtime's event stream is a sequence of JSON-ready dicts, each with a `type`:
-`run-start` (plan, iterations), `device-start` (device, rank, stage, dilation), `step` (a StepEvent),
-`iteration` (iteration, loss, iteration_s, throughput, late_steps, steps, time), `device-done`
-(device, late_steps, steps, peak_memory_bytes), `device-error` (device, iteration, message, cause) and
-`run-stop` (status; device, iteration and message when it failed). Times are device seconds.
+A run's event stream is a sequence of messages, JSON-ready dicts with a `type`:
+
+| type           | sent by                    | what it says                                                      |
+|----------------|----------------------------|-------------------------------------------------------------------|
+| `run-start`    | launcher                   | the plan and the number of iterations                             |
+| `device-start` | each device                | its rank, stage, dilation and pid; it is training                 |
+| `step`         | each device                | one compute step, transfer or all-reduce (a `StepEvent`)          |
+| `iteration`    | rank 0                     | an iteration's loss, device-time length and throughput            |
+| `device-done`  | each device                | its totals (late steps, peak memory); its stage's weights         |
+| `device-error` | a device (or its agent)    | why it stopped: its own failure, or a lost peer                   |
+| `job-stopped`  | an agent                   | its device's part ended without done/error (cancel, shutdown)     |
+| `run-stop`     | launcher                   | how the run ended                                                 |
+
+`Event.to_message()` gives the message; `parse(message)` (or `Kind.from_message`) checks one, field by
+field, keeping only the catalogue's fields: a UserError names the field and what is wrong. Times are
+device seconds. A new kind is one dataclass here, added to `CATALOGUE`.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import math
+import typing
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from typing import Any, ClassVar
 
-KINDS = ("F", "B", "send", "recv", "all-reduce")
+from engine.errors import UserError
+
+KINDS = ("F", "B", "send", "recv", "all-reduce")  # the kinds of a step
+MAX_INT = 2**63 - 1  # what a database's bigint column holds
+
+
+class EventError(UserError):
+    """A malformed event; the text says which field and why."""
+
+
+class Event:
+    """Base of the catalogue's dataclasses: the message form and its checked inverse."""
+
+    TYPE: ClassVar[str]
+    NON_NEGATIVE: ClassVar[tuple[str, ...]] = ()  # numeric fields that may not be below zero
+    UNSAID: ClassVar[tuple[str, ...]] = ()  # fields left out of the message while they hold their default
+
+    def to_message(self) -> dict:
+        """The event as a message of the event stream: `"type"` plus its fields."""
+        message = {"type": self.TYPE, **asdict(self)}  # type: ignore[call-overload]
+        for f in fields(self):  # type: ignore[arg-type]
+            if f.name in self.UNSAID and message[f.name] == f.default:
+                del message[f.name]
+        return message
+
+    @classmethod
+    def from_message(cls, doc: Any) -> Any:
+        """The event in `doc`, checked; fields outside the catalogue are dropped."""
+        if not isinstance(doc, dict):
+            raise EventError(f"an event must be an object, got {type(doc).__name__}")
+        if doc.get("type", cls.TYPE) != cls.TYPE:
+            raise EventError(f"expected a {cls.TYPE!r} event, got {doc.get('type')!r}")
+        values = {}
+        for name, (types, required) in _schema(cls).items():
+            if name not in doc:
+                if required:
+                    raise EventError(f"{cls.TYPE}: missing field {name!r}")
+                continue
+            value = doc[name]
+            _check(cls.TYPE, name, value, types)
+            if name in cls.NON_NEGATIVE and value is not None and value < 0:
+                raise EventError(f"{cls.TYPE}: field {name!r} must not be negative")
+            values[name] = float(value) if float in types and type(value) is int else value
+        return cls(**values)
 
 
 @dataclass(frozen=True)
-class StepEvent:
+class RunStart(Event):
+    TYPE = "run-start"
+
+    plan: dict
+    iterations: int
+
+
+@dataclass(frozen=True)
+class DeviceStart(Event):
+    TYPE = "device-start"
+    NON_NEGATIVE = ("rank", "stage")
+
+    device: str
+    rank: int
+    stage: int
+    dilation: float | None = None  # None: a real device, nothing padded
+    pid: int = 0
+
+
+@dataclass(frozen=True)
+class StepEvent(Event):
     """One step of one device: compute (F/B), a transfer (send/recv) or the stage's gradient all-reduce."""
+
+    TYPE = "step"
+    NON_NEGATIVE = ("stage", "start", "end", "iteration")
 
     device: str
     stage: int
@@ -27,16 +107,145 @@ class StepEvent:
     peer: str = ""  # the other device of a send/recv
     iteration: int = 0
 
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise EventError(f"step: kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+
     def to_dict(self) -> dict:
         return asdict(self)
 
-    def to_message(self) -> dict:
-        """The event as a message of the event stream: its fields plus `"type": "step"`."""
-        return {"type": "step", **asdict(self)}
 
-    @classmethod
-    def from_message(cls, doc: dict) -> StepEvent:
-        return cls(**{k: v for k, v in doc.items() if k != "type"})
+@dataclass(frozen=True)
+class Iteration(Event):
+    """An iteration every device finished: its loss, its length in device time, and the run's speed so far."""
+
+    TYPE = "iteration"
+    NON_NEGATIVE = ("iteration", "iteration_s", "throughput", "late_steps", "steps", "time", "measured_throughput")
+
+    iteration: int
+    loss: float  # the global batch's mean loss (may be negative for some losses)
+    iteration_s: float
+    throughput: float  # samples per device second of this iteration
+    late_steps: int = 0  # over the run so far, every device
+    steps: int = 0
+    time: float = 0.0  # device seconds since the run started
+    measured_throughput: float | None = None  # the run's measured throughput so far (`engine.metrics`)
+
+
+@dataclass(frozen=True)
+class DeviceDone(Event):
+    """A device finished every iteration. `state_dict` (its stage's weights, `torch.save` bytes) travels
+    only inside a host, from the device process to its launcher or agent; `part` says the agent uploaded it."""
+
+    TYPE = "device-done"
+    NON_NEGATIVE = ("late_steps", "steps", "overrun_s", "peak_memory_bytes")
+    UNSAID = ("state_dict",)  # messages that leave the host never carry bytes
+
+    device: str
+    late_steps: int = 0
+    steps: int = 0
+    overrun_s: float = 0.0  # wall seconds late steps ran past their targets
+    peak_memory_bytes: int = 0
+    part: bool = False
+    part_error: str = ""
+    state_dict: bytes = field(default=b"", repr=False)
+
+
+@dataclass(frozen=True)
+class DeviceError(Event):
+    """A device stopped: `cause` "own" (its own failure) or "peer" (another device went away)."""
+
+    TYPE = "device-error"
+
+    device: str
+    iteration: int  # -1: while starting
+    message: str
+    cause: str = "own"
+    traceback: str = ""
+
+    def __post_init__(self) -> None:
+        if self.cause not in ("own", "peer"):
+            raise EventError(f"device-error: cause must be 'own' or 'peer', got {self.cause!r}")
+
+
+@dataclass(frozen=True)
+class JobStopped(Event):
+    """A device's part of a job ended without `device-done` or `device-error` of its own."""
+
+    TYPE = "job-stopped"
+
+    device: str
+    reason: str  # cancelled, agent-stopped, rejected, died
+
+
+@dataclass(frozen=True)
+class RunStop(Event):
+    TYPE = "run-stop"
+    UNSAID = ("device", "iteration", "message")
+
+    status: str  # completed or failed
+    wall_s: float = 0.0
+    device: str = ""  # when it failed: the device that caused it, the iteration and why
+    iteration: int = -1
+    message: str = ""
+
+
+CATALOGUE: dict[str, type[Event]] = {
+    kind.TYPE: kind
+    for kind in (RunStart, DeviceStart, StepEvent, Iteration, DeviceDone, DeviceError, JobStopped, RunStop)
+}
+
+
+def parse(doc: Any, kinds: typing.Iterable[str] | None = None) -> Event:
+    """The event in a message, checked against the catalogue (and limited to `kinds` when given)."""
+    kind = doc.get("type") if isinstance(doc, dict) else None
+    allowed = CATALOGUE if kinds is None else {k: CATALOGUE[k] for k in kinds}
+    if kind not in allowed:
+        raise EventError(f"unknown event type {kind!r}; expected one of {', '.join(allowed)}")
+    return allowed[kind].from_message(doc)
+
+
+# -- checking fields -------------------------------------------------------------------------------------------
+
+_SCHEMAS: dict[type, dict[str, tuple[tuple[type, ...], bool]]] = {}
+
+
+def _schema(cls: type) -> dict[str, tuple[tuple[type, ...], bool]]:
+    """{field: (accepted types, required)} from the dataclass's annotations."""
+    if cls not in _SCHEMAS:
+        hints = typing.get_type_hints(cls)
+        schema = {}
+        for f in fields(cls):
+            hint = hints[f.name]
+            types = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, _UnionType) else (hint,)
+            required = f.default is MISSING and f.default_factory is MISSING
+            schema[f.name] = (tuple(typing.get_origin(t) or t for t in types), required)
+        _SCHEMAS[cls] = schema
+    return _SCHEMAS[cls]
+
+
+_UnionType = type(int | None)
+
+
+def _check(kind: str, name: str, value: Any, types: tuple[type, ...]) -> None:
+    if value is None and type(None) in types:
+        return
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if bool in types:
+        ok = isinstance(value, bool)
+    elif int in types or float in types:
+        ok = number and (float in types or isinstance(value, int))
+        big = isinstance(value, int) and abs(value) > MAX_INT
+        if ok and (big or isinstance(value, float) and not math.isfinite(value)):
+            raise EventError(f"{kind}: field {name!r} must be a finite number within 64 bits, got {str(value)[:20]}")
+    else:
+        ok = isinstance(value, types)
+    if not ok:
+        expected = " or ".join(t.__name__ for t in types)
+        raise EventError(f"{kind}: field {name!r} has the wrong type ({type(value).__name__}; expected {expected})")
+
+
+# -- Chrome traces ----------------------------------------------------------------------------------------------
 
 
 def chrome_trace(events: list[StepEvent], devices: list[str], name: str = "asteroid", pid: int = 0) -> dict:

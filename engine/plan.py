@@ -48,6 +48,29 @@ class Prediction:
             "fits": self.fits,
         }
 
+    @classmethod
+    def from_dict(cls, doc: object) -> Prediction:
+        """Parse a plan's `predicted` block (as `to_dict` writes it); every mistake names the field."""
+        if not isinstance(doc, dict):
+            raise UserError("plan: field 'predicted' must be an object")
+
+        def number(key: str) -> float:
+            value = doc.get(key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise UserError(f"plan: predicted.{key} must be a number, got {value!r}")
+            return float(value)
+
+        iteration_s, throughput, bubble = number("iteration_s"), number("throughput"), number("bubble_fraction")
+        memory = doc.get("memory_bytes")
+        if not isinstance(memory, dict) or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in memory.values()
+        ):
+            raise UserError("plan: predicted.memory_bytes must map device names to numbers of bytes")
+        fits = doc.get("fits")
+        if not isinstance(fits, bool):
+            raise UserError(f"plan: predicted.fits must be true or false, got {fits!r}")
+        return cls(iteration_s, throughput, bubble, dict(memory), fits)
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -124,8 +147,9 @@ class Plan:
         return doc
 
     @classmethod
-    def from_dict(cls, doc: object) -> Plan:
-        """Parse plan JSON; every mistake names the field. The `predicted` block is ignored (re-scored)."""
+    def from_dict(cls, doc: object, keep_prediction: bool = False) -> Plan:
+        """Parse plan JSON; every mistake names the field. The `predicted` block is ignored (re-scored) unless
+        `keep_prediction`: the web app shows the prediction its planner stored with the plan."""
         if not isinstance(doc, dict):
             raise UserError("plan: top level must be a JSON object")
 
@@ -161,4 +185,7 @@ class Plan:
         micro_batches = need("micro_batches", int)
         if batch_size < 1 or micro_batches < 1:
             raise UserError("plan: batch_size and micro_batches must be positive")
-        return cls(str(need("method", str)), need("model", str), batch_size, micro_batches, tuple(stages), cluster)
+        predicted = Prediction.from_dict(doc["predicted"]) if keep_prediction and "predicted" in doc else None
+        return cls(
+            str(need("method", str)), need("model", str), batch_size, micro_batches, tuple(stages), cluster, predicted
+        )

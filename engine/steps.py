@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.costmodel import Workload, allreduce_s
+from engine.costmodel import Workload, allreduce_s, link_s
 from engine.devices import LAYER_OVERHEAD_S
 from engine.plan import Plan, Stage
 
@@ -73,7 +73,7 @@ def device_steps(plan: Plan, w: Workload) -> dict[str, DeviceSteps]:
             if not 0 <= other < S:
                 return ()
             return tuple(
-                Transfer(peer, a, b, cluster.latency_s + (b - a) * nbytes / cluster.bytes_per_s)
+                Transfer(peer, a, b, link_s(cluster, (b - a) * nbytes))
                 for peer, a, b in overlaps(lo, hi, ranges[other])
             )
 

@@ -1,7 +1,35 @@
-"""Test-wide setup: in-memory channel layer and eager Celery when no REDIS_URL is given; fast password hashing;
-a quick real profile of mobilenetv2 for tests that plan."""
+"""Test-wide setup: markers by cost (unit, multiprocess, browser); in-memory channel layer and eager Celery when
+no REDIS_URL is given; fast password hashing; a quick real profile of mobilenetv2 for tests that plan."""
+
+from pathlib import Path
 
 import pytest
+
+# Tests that start processes (training runs, the site, agents, servers), by path under the repository; a single
+# test elsewhere says so itself with @pytest.mark.multiprocess. Everything under tests/e2e is `browser`, the rest
+# is `unit`.
+MULTIPROCESS = (
+    "tests/engine/runtime/",
+    "tests/engine/test_bench.py",  # each planning cell is timed in a child process
+    "tests/engine/test_cli_train.py",
+    "tests/webapp/test_embedded_redis.py",
+    "tests/webapp/test_startsite.py",
+    "tests/workers/test_cli.py",
+    "tests/workers/test_protocol.py",
+)
+BROWSER = ("tests/e2e/",)
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        path = Path(item.path).relative_to(config.rootpath).as_posix()
+        if path.startswith(BROWSER):
+            item.add_marker(pytest.mark.browser)
+        elif path.startswith(MULTIPROCESS):
+            item.add_marker(pytest.mark.multiprocess)
+        elif not item.get_closest_marker("multiprocess"):
+            item.add_marker(pytest.mark.unit)
 
 
 @pytest.hookimpl(tryfirst=True)

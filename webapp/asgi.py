@@ -12,7 +12,7 @@ from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: 
 from django.urls import path  # noqa: E402
 
 from webapp.accounts.sockets import SessionOrToken  # noqa: E402
-from webapp.devices.consumers import AgentConsumer  # noqa: E402
+from webapp.agents.consumers import AgentConsumer  # noqa: E402
 from webapp.jobs.consumers import JobConsumer  # noqa: E402
 
 websocket = URLRouter(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import secrets
+from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -14,10 +15,11 @@ TRUE = {"1", "true", "yes", "on"}
 FALSE = {"0", "false", "no", "off"}
 
 
-def env_str(name: str, default: str = "") -> str:
-    """The variable's value stripped of surrounding spaces, or `default` when unset or empty."""
-    value = os.environ.get(name, "").strip()
-    return value or default
+def env_str(name: str, default: str = "", strip: bool = True) -> str:
+    """The variable's value stripped of surrounding spaces (unless `strip` is False: a password keeps its spaces),
+    or `default` when unset or empty."""
+    value = os.environ.get(name, "")
+    return (value.strip() if strip else value) or default
 
 
 def env_bool(name: str, default: bool) -> bool:
@@ -44,6 +46,25 @@ def env_int(name: str, default: int, minimum: int = 0) -> int:
     if number < minimum:
         raise ImproperlyConfigured(f"{name}={number} must be at least {minimum}")
     return number
+
+
+def env_port(name: str, default: int) -> int:
+    """A TCP port, 1-65535."""
+    value = env_str(name, str(default))
+    if not value.isdigit() or not 0 < int(value) < 65536:
+        raise ImproperlyConfigured(f"{name}={value!r} is not a TCP port (1-65535)")
+    return int(value)
+
+
+def env_choice(name: str, default: str, choices: Sequence[str], what: str) -> str | None:
+    """One of `choices`, written in any case, as spelled in `choices`; None for none, 0 or off."""
+    value = env_str(name, default)
+    if value.lower() in ("none", "0", "off"):
+        return None
+    for choice in choices:
+        if value.lower() == choice.lower():
+            return choice
+    raise ImproperlyConfigured(f"{name}={value!r} is not {what}; use one of {', '.join(choices)} or none")
 
 
 def env_list(name: str, default: list[str]) -> list[str]:

@@ -95,7 +95,7 @@ STATICFILES_DIRS = [BASE_DIR / "static", ("vendor/plotly", Path(plotly.__file__)
 STATIC_ROOT = VAR_DIR / "static"
 
 # Redis carries Celery's broker and results and the Channels layer. Empty: `make run` starts an embedded
-# redis-server and passes its URL to the processes it launches (see webapp/launch.py).
+# redis-server and passes its URL to the processes it launches (see webapp/startsite.py).
 REDIS_URL = redis_url()
 
 # Without it (a bare `manage.py` command outside `make run`) there is no channel layer rather than a fake one;

@@ -5,6 +5,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from webapp.accounts import views as accounts
+from webapp.agents import views as agents
 from webapp.devices import api as devices_api
 from webapp.devices import views as devices
 from webapp.front import views as front
@@ -16,9 +17,9 @@ urlpatterns = [
     path("devices/", devices.device_list, name="devices"),
     path("devices/add/", devices.device_add, name="device-add"),
     path("devices/<int:device_id>/token/", devices.device_token, name="device-token"),
-    path("devices/<int:device_id>/disable/", devices.device_disable, name="device-disable"),
+    path("devices/<int:device_id>/disable/", agents.device_disable, name="device-disable"),
     path("devices/<int:device_id>/enable/", devices.device_enable, name="device-enable"),
-    path("devices/<int:device_id>/remove/", devices.device_remove, name="device-remove"),
+    path("devices/<int:device_id>/remove/", agents.device_remove, name="device-remove"),
     path("jobs/", jobs.job_list, name="jobs"),
     path("jobs/new/", jobs.job_new, name="job-new"),
     path("jobs/<int:job_id>/", jobs.job_detail, name="job"),
@@ -37,7 +38,7 @@ urlpatterns = [
     path("api/jobs/<int:job_id>/launch/", jobs_api.launch),
     path("api/jobs/<int:job_id>/cancel/", jobs_api.cancel),
     path("api/agent/enroll/", devices_api.enroll),
-    path("api/agent/jobs/<int:job_id>/part/", devices_api.upload_part),
+    path("api/agent/jobs/<int:job_id>/part/", jobs_api.upload_part),
     path("accounts/login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),

@@ -6,25 +6,23 @@
     runner.cancel(job)              # SIGTERM, then SIGKILL after KILL_AFTER_S; a `job-stopped` event follows
 
 The device process runs `engine.runtime.worker.run_device` exactly as `python -m engine train --rank` does
-(rank 0 serves the rendezvous store, on a port this agent picked when it accepted). Its events reach the
-outbox through a multiprocessing queue; a supervisor thread per run reads them, uploads the model part
-carried by `device-done`, and reports a process that died without saying why.
+(rank 0 serves the rendezvous store, on a port this agent picked when it accepted), started and watched by
+the runtime's own `engine.runtime.processes.DeviceProcesses`. A supervisor thread per run relays its events
+(the catalogue's, engine/events.py) to the outbox, uploads the model part carried by `device-done`, and
+reports a process that died without saying why.
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
-import queue as queue_mod
-import signal
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
 
 from engine.errors import UserError
+from engine.events import DeviceError, JobStopped
 from workers.outbox import Outbox
 from workers.site import HttpError, Site
 
@@ -33,7 +31,6 @@ log = logging.getLogger("workers.device")
 KILL_AFTER_S = 3.0  # a cancelled device process gets this long to die of SIGTERM before SIGKILL
 TRACEBACK_CHARS = 20_000  # keeps an events message under the site's 256 KiB frame limit
 UPLOAD_TRIES = 5
-OPTIONS = ("iterations", "lr", "seed", "dataset", "emulate", "dilation", "timeout_s", "save_model", "generation")
 
 
 def free_port() -> int:
@@ -41,21 +38,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("0.0.0.0", 0))
         return s.getsockname()[1]
-
-
-def _child(cfg, events) -> None:
-    """The device process: one `run_device`, its events into the queue, its exit status out."""
-    from engine.runtime.worker import run_device
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in the terminal is the agent's to handle
-    try:  # die with the fork server, which dies with the agent: no orphan keeps training after a crash
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG (Linux)
-    except (OSError, AttributeError):
-        pass
-    code = run_device(cfg, events.put)
-    events.close()
-    events.join_thread()  # every event is in the pipe before the process exits
-    sys.exit(code)
 
 
 def upload_part(site: Site, credential: str, job, data: bytes) -> None:
@@ -90,7 +72,7 @@ class Runner:
         self._name = ""
         self._cfg = None
         self._port: int | None = None
-        self._proc = None
+        self._procs = None
         self._thread: threading.Thread | None = None
         self._stop_reason: str | None = None  # set when the agent ends the run (cancel, shutdown)
 
@@ -109,7 +91,7 @@ class Runner:
         cannot take part (busy, malformed plan, rank out of range). Blocking: profiles the model on first use."""
         from engine.costmodel import score
         from engine.plan import Plan
-        from engine.runtime.launcher import RunOptions
+        from engine.runtime.options import RunOptions
         from engine.runtime.worker import DeviceConfig
         from engine.steps import device_steps
 
@@ -119,33 +101,20 @@ class Runner:
                 if self._job == job:  # the site asked again (our reply was lost in a reconnect)
                     return {"type": "accepted", "job": job, "port": self._port}
                 raise UserError(f"this device is busy with job {self._job}")
-        rank, options = msg.get("rank"), msg.get("options") or {}
-        if type(rank) is not int or not isinstance(options, dict):
-            raise UserError("assign needs an integer rank and an options object")
+        rank = msg.get("rank")
+        if type(rank) is not int:
+            raise UserError("assign needs an integer rank")
         plan = Plan.from_dict(msg.get("plan"))
         if not 0 <= rank < len(plan.device_names):
             raise UserError(f"rank {rank} is not in the plan, which has {len(plan.device_names)} devices")
-        try:
-            run = RunOptions(**{k: options[k] for k in OPTIONS if options.get(k) is not None})
-        except (TypeError, ValueError) as exc:
-            raise UserError(f"bad run options: {exc}") from None
+        options = RunOptions.from_dict(msg.get("options") or {})
         w = self._workload(plan.model) if self._workload else _profiled(plan.model)
         plan.validate(w.num_layers)
         name = plan.device_names[rank]
         if self.device and name != self.device:  # the plan's name is what its peers and events use; go along
             log.warning("job %s: the plan calls this device %s, the site calls it %s", job, name, self.device)
-        cfg = DeviceConfig(
-            plan=plan,
-            steps=device_steps(plan, w)[name],
-            rank=rank,
-            host="",  # from `start`
-            port=0,
-            serve_store=rank == 0,
-            save_parts=run.save_model,
-            predicted_iteration_s=score(plan, w).iteration_s,
-            **{k: getattr(run, k) for k in ("generation", "iterations", "lr", "seed", "dataset")},
-            **{k: getattr(run, k) for k in ("emulate", "dilation", "timeout_s")},
-        )
+        steps, predicted = device_steps(plan, w)[name], score(plan, w).iteration_s
+        cfg = DeviceConfig(plan, steps, rank, "", 0, options, rank == 0, predicted)  # host and port from `start`
         port = free_port() if rank == 0 else None
         with self._lock:
             if self._job is not None:
@@ -188,9 +157,8 @@ class Runner:
             name = self._name if job == self._job else self.device
             if job == self._job and self._thread is None:
                 self._clear()
-        error = {"type": "device-error", "device": name, "iteration": -1, "message": message, "cause": "own"}
-        self.outbox.add(job, {**error, "traceback": ""})
-        self.outbox.add(job, {"type": "job-stopped", "device": name, "reason": "rejected"})
+        self.outbox.add(job, DeviceError(name, -1, message).to_message())
+        self.outbox.add(job, JobStopped(name, "rejected").to_message())
 
     def _stop(self, job, reason: str) -> None:
         with self._lock:
@@ -199,57 +167,52 @@ class Runner:
                 name = self._name if job == self._job else self.device
                 if job == self._job:
                     self._clear()
-                self.outbox.add(job, {"type": "job-stopped", "device": name, "reason": reason})
+                self.outbox.add(job, JobStopped(name, reason).to_message())
                 log.info("job %s: %s before it started", job, reason)
                 return
             self._stop_reason = self._stop_reason or reason
-            if self._proc is not None and self._proc.exitcode is None:
-                self._proc.terminate()
+            if self._procs is not None:
+                self._procs.terminate()
         log.info("job %s: stopping the device process (%s)", job, reason)
 
     # -- the device process -----------------------------------------------------------------------------
 
     def _supervise(self, job, cfg) -> None:
         """Run the device process and relay its events until it exits; then report how it ended."""
-        from engine.runtime.launcher import process_context
+        from engine.runtime.processes import DeviceProcesses
+        from engine.runtime.worker import run_device
 
         seen = _Seen()
-        ctx = process_context()
-        events = ctx.Queue()
-        proc = ctx.Process(target=_child, args=(cfg, events), name=f"asteroid-{self._name}", daemon=True)
+        procs = DeviceProcesses()
+        procs.add(self._name, run_device, cfg)
         try:
-            proc.start()  # the first start also starts the fork server (it imports torch once)
+            procs.start()  # the first start also starts the fork server (it imports torch once)
         except Exception as exc:  # no process: report it like one that died at start-up
-            events.close()
+            procs.close()
             self._finish(job, None, seen, f"cannot start the device process: {exc}")
             return
         with self._lock:
-            self._proc = proc
+            self._procs = procs
             if self._stop_reason is not None:  # cancelled while it was starting
-                proc.terminate()
+                procs.terminate()
         where = f"{cfg.host}:{cfg.port}"
-        log.info("job %s: device process %d started (rank %d, store %s)", job, proc.pid, cfg.rank, where)
+        log.info("job %s: device process %d started (rank %d, store %s)", job, procs.pid(self._name), cfg.rank, where)
         stopping_since = None
         while True:
-            try:
-                self._relay(job, events.get(timeout=0.2), seen)
-            except queue_mod.Empty:
-                if proc.exitcode is not None:
-                    break
+            ev = procs.get(timeout=0.2)
+            if ev is not None:
+                self._relay(job, ev, seen)
+            elif not procs.running:
+                break
             if self._stop_reason is not None:
                 stopping_since = stopping_since or time.monotonic()
-                if time.monotonic() - stopping_since > KILL_AFTER_S and proc.exitcode is None:
-                    proc.kill()  # SIGTERM was not enough (stuck in a native call)
-        while True:  # what it wrote just before exiting
-            try:
-                self._relay(job, events.get(timeout=0.2), seen)
-            except (queue_mod.Empty, EOFError, OSError):
-                break
-        proc.join()
-        events.close()
-        code = proc.exitcode
-        why = f"died ({signal.Signals(-code).name})" if code is not None and code < 0 else f"exit status {code}"
-        self._finish(job, code, seen, f"device process {why} without reporting an error")
+                if time.monotonic() - stopping_since > KILL_AFTER_S:
+                    procs.kill()  # SIGTERM was not enough (stuck in a native call)
+        for ev in procs.drain():  # what it wrote just before exiting
+            self._relay(job, ev, seen)
+        procs.close()
+        code = procs.exitcode(self._name)
+        self._finish(job, code, seen, f"device process {procs.why(self._name)} without reporting an error")
 
     def _relay(self, job, ev: dict, seen: _Seen) -> None:
         kind = ev.get("type")
@@ -283,22 +246,12 @@ class Runner:
         """Report how the run ended (`failure`: what to say when the process failed silently); back to idle."""
         name, reason = self._name, self._stop_reason
         if reason is None and code != 0 and not seen.error:
-            self.outbox.add(
-                job,
-                {
-                    "type": "device-error",
-                    "device": name,
-                    "iteration": seen.iteration,
-                    "message": failure,
-                    "cause": "own",
-                    "traceback": "",
-                },
-            )
+            self.outbox.add(job, DeviceError(name, seen.iteration, failure).to_message())
             log.warning("job %s: %s", job, failure)
             reason = "died"
         # A cancel always gets its reply; an agent stopping just after the device finished ended nothing.
         if reason == "cancelled" or (reason is not None and not seen.done):
-            self.outbox.add(job, {"type": "job-stopped", "device": name, "reason": reason})
+            self.outbox.add(job, JobStopped(name, reason).to_message())
         log.info("job %s: finished (%s)", job, reason or ("done" if seen.done else f"exit status {code}"))
         with self._lock:
             self._clear()

@@ -29,8 +29,7 @@ import itertools
 import math
 from bisect import bisect_left, bisect_right
 
-from engine.costmodel import allocate, allreduce_s, stage_terms
-from engine.devices import LAYER_OVERHEAD_S
+from engine.costmodel import allocate, allreduce_s, stage_fixed_s, stage_terms
 from engine.plan import Plan, Share, Stage
 from engine.planners import baselines
 from engine.planners.common import NoFeasiblePlan, Problem, device_classes, finish
@@ -120,7 +119,7 @@ class _Search:
         """
         w, m = self.w, self.m
         a_in, a_out = w.boundary_bytes(i, j)
-        fixed = 2 * (j - i) * LAYER_OVERHEAD_S + 2 * ((i > 0) + (j < self.L)) * self.cluster.latency_s
+        fixed = stage_fixed_s(self.cluster, j - i, (i > 0) + (j < self.L))
         work, comm = w.work(i, j), (a_in + a_out) / self.cluster.bytes_per_s
         per = [(k, g[k], max(work / self.speed[k] + comm, 1e-15)) for k in range(len(g)) if g[k]]
         lowest = max(m / sum(n / c for _k, n, c in per), max(c for _k, _n, c in per))
@@ -161,7 +160,7 @@ class _Search:
         a_in = [out[i - 1] / bw if i else 0.0 for i in range(L + 1)]  # comm per sample entering at layer i
         a_out = [out[j - 1] / bw if j < L else 0.0 for j in range(L + 1)]  # ... and leaving after layer j
         total_speed = sum(len(c) * s for c, s in zip(self.classes, self.speed))
-        per_layer, per_boundary = 2 * LAYER_OVERHEAD_S, 2 * self.cluster.latency_s  # as in stage_terms
+        per_layer, per_boundary = stage_fixed_s(self.cluster, 1, 0), stage_fixed_s(self.cluster, 0, 1)  # linear
 
         def suffix(i: int, r: tuple[int, ...], k: int) -> list:
             """Front for layers [i, L) on devices within r in exactly k stages (any number if k == 0)."""

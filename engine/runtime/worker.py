@@ -13,23 +13,32 @@ from __future__ import annotations
 
 import io
 import os
-import re
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
+from engine.costmodel import link_s, ring_allreduce_s
 from engine.data import get_dataset
 from engine.errors import UserError
-from engine.events import StepEvent
+from engine.events import DeviceDone, DeviceStart, Iteration, StepEvent
+from engine.metrics import measured_throughput
 from engine.models import get_model
 from engine.plan import Plan
 from engine.runtime.batches import batch_indices, load
-from engine.runtime.emulation import Clock, MemoryMeter, auto_dilation, group_timeout, measure_ratio, now
+from engine.runtime.emulation import Clock, MemoryMeter, group_timeout, now
+from engine.runtime.options import RunOptions
+from engine.runtime.processes import error_event
+from engine.runtime.stage import (
+    PeerLost,
+    boundary_examples,
+    calibrated_clock,
+    gloo_message,
+    part_state_dict,
+    stage_module,
+)
 from engine.schedule import one_f_one_b
 from engine.steps import DeviceSteps
 
@@ -39,27 +48,15 @@ OPTIMIZER_STATES = 1  # SGD with momentum keeps one buffer per parameter
 
 @dataclass(frozen=True)
 class DeviceConfig:
-    """Everything one device process needs to take part in a run."""
+    """Everything one device process needs to take part in a run: the run's options and its own place in it."""
 
     plan: Plan
     steps: DeviceSteps
     rank: int
     host: str
     port: int
-    generation: int = 0
-    iterations: int = 10
-    lr: float = 0.05
-    momentum: float = 0.9
-    seed: int = 0
-    dataset: str = "synthetic"
-    data_dir: str | None = None
-    dataset_size: int = 2048
-    emulate: bool = False
-    dilation: float | None = None  # None with emulate: calibrate at start-up
-    enforce_memory: bool = True
-    timeout_s: float = 60.0
+    options: RunOptions = RunOptions()
     serve_store: bool = False  # this process hosts the rendezvous store (rank 0 when there is no launcher)
-    save_parts: bool = False
     predicted_iteration_s: float = 1.0  # device seconds; bounds how long a healthy device may wait for data
 
     @property
@@ -71,85 +68,56 @@ class DeviceConfig:
         return self.plan.device_names.index(name)
 
 
-class PeerLost(RuntimeError):
-    """A collective or point-to-point operation failed because another device went away."""
-
-
-def stage_module(layers: list[nn.Module], start: int, end: int) -> nn.Sequential:
-    return nn.Sequential(*layers[start:end])
-
-
-def part_state_dict(module: nn.Sequential, start: int) -> dict[str, torch.Tensor]:
-    """The stage's parameters and buffers under the unpartitioned model's keys ("<layer index>.<name>")."""
-    out = {}
-    for key, value in module.state_dict().items():
-        index, rest = key.split(".", 1)
-        out[f"{int(index) + start}.{rest}"] = value.detach().clone()
-    return out
-
-
-def _boundary_shapes(spec, layers: list[nn.Module], start: int, end: int) -> tuple[tuple, tuple]:
-    """Per-sample shapes of the stage's input and output (one sample through the layers before and in it)."""
-    x, _ = spec.example_batch(1, torch.Generator().manual_seed(0))
-    shape_in = tuple(x.shape[1:])
-    with torch.no_grad():
-        for k in range(end):
-            if k == start:
-                shape_in = tuple(x.shape[1:])
-            layers[k].eval()  # no batch-norm statistics updated by the probe
-            x = layers[k](x)
-            layers[k].train()
-    return shape_in, tuple(x.shape[1:])
-
-
 class _Device:
     """State of one device during a run (kept on an object so the schedule loop reads simply)."""
 
     def __init__(self, cfg: DeviceConfig, emit: Emit):
-        self.cfg, self.emit = cfg, emit
-        plan, st = cfg.plan, cfg.steps
+        self.cfg, self.opts, self.emit = cfg, cfg.options, emit
+        plan, st, opts = cfg.plan, cfg.steps, cfg.options
         self.plan, self.st, self.cluster = plan, st, plan.cluster
         self.name, self.stage = st.name, st.stage
         self.stage_plan = plan.stages[self.stage]
         self.num_stages = len(plan.stages)
         self.first, self.last = self.stage == 0, self.stage == self.num_stages - 1
         self.spec = get_model(plan.model)
-        torch.manual_seed(cfg.seed)  # every process builds the same full model, then keeps its layers
+        torch.manual_seed(opts.seed)  # every process builds the same full model, then keeps its layers
         layers = self.spec.layers()
-        self.shape_in, self.shape_out = _boundary_shapes(self.spec, layers, self.stage_plan.start, self.stage_plan.end)
+        x_in, x_out = boundary_examples(self.spec, layers, self.stage_plan.start, self.stage_plan.end)
+        self.shape_in, self.shape_out = tuple(x_in.shape[1:]), tuple(x_out.shape[1:])
         self.module = stage_module(layers, self.stage_plan.start, self.stage_plan.end)
         del layers
         self.module.train()
         self.params = [p for p in self.module.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.SGD(self.params, lr=cfg.lr, momentum=cfg.momentum) if self.params else None
+        self.optimizer = torch.optim.SGD(self.params, lr=opts.lr, momentum=opts.momentum) if self.params else None
         self.data = None
         if self.first or self.last:
-            self.data = get_dataset(cfg.dataset, self.spec, root=cfg.data_dir, size=cfg.dataset_size, seed=cfg.seed)
+            self.data = get_dataset(opts.dataset, self.spec, root=opts.data_dir, size=opts.dataset_size, seed=opts.seed)
             if len(self.data) < plan.batch_size:
                 raise UserError(
-                    f"dataset {cfg.dataset!r} has {len(self.data)} samples, fewer than one batch of {plan.batch_size}"
+                    f"dataset {opts.dataset!r} has {len(self.data)} samples, fewer than one batch of {plan.batch_size}"
                 )
         device = plan.cluster.device(self.name)
-        budget = device.memory_bytes if cfg.emulate and cfg.enforce_memory else None
+        budget = device.memory_bytes if opts.emulate and opts.enforce_memory else None
         self.memory = MemoryMeter(self.name, budget, self.params, OPTIMIZER_STATES)
         self.clock = Clock(None)
         self.t0 = 0.0
         self.iteration = -1
+        self.times: list[float] = []  # device seconds of each finished iteration
 
     # -- process groups -------------------------------------------------------------------------------
 
     def connect(self) -> None:
         """Reach the rendezvous store; this run's keys live under `asteroid/gen<generation>/`."""
         cfg = self.cfg
-        timeout = timedelta(seconds=cfg.timeout_s)
+        timeout = timedelta(seconds=self.opts.timeout_s)
         store = dist.TCPStore(cfg.host, cfg.port, cfg.world_size, cfg.serve_store, timeout=timeout)
-        self.store = dist.PrefixStore(f"asteroid/gen{cfg.generation}", store)
+        self.store = dist.PrefixStore(f"asteroid/gen{self.opts.generation}", store)
 
     def make_groups(self) -> None:
         """The process group of every device (messages, iteration sync) and one per multi-device stage
         (all-reduce), with a timeout that lets a device wait out (dilated) iterations for its data."""
         cfg = self.cfg
-        timeout = timedelta(seconds=group_timeout(cfg.timeout_s, self.clock.dilation, cfg.predicted_iteration_s))
+        timeout = timedelta(seconds=group_timeout(self.opts.timeout_s, self.clock.dilation, cfg.predicted_iteration_s))
         dist.init_process_group("gloo", store=self.store, rank=cfg.rank, world_size=cfg.world_size, timeout=timeout)
         self.group = None  # the default group
         self.stage_group = None
@@ -162,43 +130,15 @@ class _Device:
     # -- emulation set-up -----------------------------------------------------------------------------
 
     def calibrate(self) -> None:
-        """Agree on the dilation: the given one, or one from each device's measured host/device time ratio.
-        Either way the stage first runs once untimed, so no padded step pays for a cold start."""
-        cfg = self.cfg
-        if not cfg.emulate:
+        """Agree on the dilation (`stage.calibrated_clock`); a real device's clock pads nothing."""
+        cfg, opts, st = self.cfg, self.opts, self.st
+        if not opts.emulate:
             return
-        gen = torch.Generator().manual_seed(cfg.seed + 7919 * (cfg.rank + 1))
-        n = self.st.samples
-
-        def step() -> tuple[float, float]:
-            if self.first:
-                x, y = self.spec.example_batch(n, gen)
-            else:
-                x = torch.randn((n, *self.shape_in), generator=gen, requires_grad=True)
-                y = self.spec.example_batch(n, gen)[1]
-            t = now()
-            out = self.module(x)
-            t_f = now()
-            if self.last:
-                self.spec.loss(out, y).backward()
-            else:
-                out.backward(torch.randn(out.shape, generator=gen))
-            return t_f - t, now() - t_f
-
-        state = {k: v.clone() for k, v in self.module.state_dict().items()}
-        with torch.random.fork_rng(devices=[]):  # dropout draws leave training's random stream as it was
-            if cfg.dilation is not None:
-                step()  # warm-up only: the allocator, lazy initialisation
-            else:
-                try:
-                    ratio = measure_ratio(
-                        step, self.st.forward_s, self.st.backward_s, self.store, cfg.rank, cfg.world_size
-                    )
-                except RuntimeError as exc:  # the store: a device that never came
-                    raise PeerLost(f"calibration failed: {_gloo_message(exc)}") from None
-        self.module.zero_grad(set_to_none=True)
-        self.module.load_state_dict(state)  # batch-norm statistics as they were
-        self.clock = Clock(cfg.dilation if cfg.dilation is not None else auto_dilation(ratio, cfg.world_size))
+        shape_in = None if self.first else self.shape_in
+        self.clock = calibrated_clock(
+            opts.dilation, self.spec, self.module, st.samples, shape_in, self.last, st.forward_s, st.backward_s,
+            self.store, cfg.rank, cfg.world_size, opts.seed,
+        )  # fmt: skip
 
     # -- messages -------------------------------------------------------------------------------------
 
@@ -249,7 +189,7 @@ class _Device:
             start = now()
             payload = tensor[t.lo - self.st.lo : t.hi - self.st.lo].detach().contiguous()
             # the link carries the real payload: latency + bytes / bandwidth, in device seconds
-            seconds = self.cluster.latency_s + payload.numel() * payload.element_size() / self.cluster.bytes_per_s
+            seconds = link_s(self.cluster, payload.numel() * payload.element_size())
             arrival = start + self.clock.wall(seconds) if self.clock.emulated else 0.0
             header = torch.tensor([arrival], dtype=torch.float64)
             peer = self.cfg.rank_of(t.peer)
@@ -263,18 +203,11 @@ class _Device:
     # -- the schedule ---------------------------------------------------------------------------------
 
     def _event(self, kind: str, mb: int, start: float, end: float, peer: str = "") -> None:
-        self.emit(
-            StepEvent(
-                self.name,
-                self.stage,
-                mb,
-                kind,
-                self.clock.device(start - self.t0),
-                self.clock.device(end - self.t0),
-                peer,
-                self.iteration,
-            ).to_message()
+        t0, clock = self.t0, self.clock
+        step = StepEvent(
+            self.name, self.stage, mb, kind, clock.device(start - t0), clock.device(end - t0), peer, self.iteration
         )
+        self.emit(step.to_message())
 
     def _slice(self, indices: torch.Tensor, mb: int) -> torch.Tensor:
         m = self.plan.micro_batch_size
@@ -283,7 +216,7 @@ class _Device:
     def run_iteration(self, k: int) -> None:
         plan, st, clock = self.plan, self.st, self.clock
         self.iteration = k
-        indices = batch_indices(len(self.data), plan.batch_size, self.cfg.seed, k) if self.data is not None else None
+        indices = batch_indices(len(self.data), plan.batch_size, self.opts.seed, k) if self.data is not None else None
         pending = self.post_receives()
         outbox: list = []
         inputs: dict[int, torch.Tensor] = {}
@@ -335,9 +268,7 @@ class _Device:
                 p.grad = flat[offset : offset + g.numel()].view_as(g)
                 offset += g.numel()
             # ring all-reduce of the real gradient bytes, as the cost model charges it
-            g = self.stage_group.size()
-            nbytes = flat.numel() * flat.element_size()
-            seconds = 2 * (g - 1) / g * nbytes / self.cluster.bytes_per_s + 2 * (g - 1) * self.cluster.latency_s
+            seconds = ring_allreduce_s(self.cluster, flat.numel() * flat.element_size(), self.stage_group.size())
             end = clock.pad(now(), seconds, compute=False)
             self._event("all-reduce", -1, start, end)
         if self.optimizer is not None:
@@ -354,18 +285,19 @@ class _Device:
         end_t = float(end)
         seconds = self.clock.device(end_t - self.last_end)
         self.last_end = end_t
+        self.times.append(seconds)
         if self.cfg.rank == 0:
             self.emit(
-                {
-                    "type": "iteration",
-                    "iteration": k,
-                    "loss": float(totals[0]),
-                    "iteration_s": seconds,
-                    "throughput": self.plan.batch_size / seconds,
-                    "late_steps": int(totals[1]),
-                    "steps": int(totals[2]),
-                    "time": self.clock.device(end_t - self.t0),
-                }
+                Iteration(
+                    iteration=k,
+                    loss=float(totals[0]),
+                    iteration_s=seconds,
+                    throughput=self.plan.batch_size / seconds,
+                    late_steps=int(totals[1]),
+                    steps=int(totals[2]),
+                    time=self.clock.device(end_t - self.t0),
+                    measured_throughput=measured_throughput(self.plan.batch_size, self.times),
+                ).to_message()
             )
 
     def run(self) -> None:
@@ -376,49 +308,29 @@ class _Device:
         start = torch.tensor([now()], dtype=torch.float64)
         _wait(dist.all_reduce(start, op=dist.ReduceOp.MAX, async_op=True), "the start-up sync")
         self.t0 = self.last_end = float(start)
-        self.emit(
-            {
-                "type": "device-start",
-                "device": self.name,
-                "rank": cfg.rank,
-                "stage": self.stage,
-                "dilation": self.clock.dilation,
-                "pid": os.getpid(),
-            }
-        )
-        for k in range(cfg.iterations):
+        self.emit(DeviceStart(self.name, cfg.rank, self.stage, self.clock.dilation, os.getpid()).to_message())
+        for k in range(self.opts.iterations):
             self.run_iteration(k)
         part = b""
-        if cfg.save_parts and self.st.lo == 0:  # the first device of each stage saves the stage's layers
+        if self.opts.save_model and self.st.lo == 0:  # the first device of each stage saves the stage's layers
             buf = io.BytesIO()
             torch.save(part_state_dict(self.module, self.stage_plan.start), buf)
             part = buf.getvalue()
+        clock = self.clock
         self.emit(
-            {
-                "type": "device-done",
-                "device": self.name,
-                "late_steps": self.clock.late,
-                "steps": self.clock.steps,
-                "overrun_s": self.clock.overrun_s,
-                "peak_memory_bytes": self.memory.peak,
-                "state_dict": part,
-            }
+            DeviceDone(
+                self.name, clock.late, clock.steps, clock.overrun_s, self.memory.peak, state_dict=part
+            ).to_message()
         )
         _wait(dist.barrier(async_op=True), "the final barrier")
         dist.destroy_process_group()
-
-
-def _gloo_message(exc: Exception) -> str:
-    """gloo's first sentence without its source location: "Connection closed by peer [127.0.0.1]:60099"."""
-    text = re.sub(r"^\[[^\]]*\]\s*", "", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-    return text.split(". ")[0].rstrip(".")
 
 
 def _wait(work, what: str) -> None:
     try:
         work.wait()
     except RuntimeError as exc:  # gloo: connection closed by a dead peer, or the group timeout
-        raise PeerLost(f"{what} failed: {_gloo_message(exc)}") from None
+        raise PeerLost(f"{what} failed: {gloo_message(exc)}") from None
 
 
 def _comm(op, what: str, *args, **kwargs):
@@ -426,7 +338,7 @@ def _comm(op, what: str, *args, **kwargs):
     try:
         return op(*args, **kwargs)
     except RuntimeError as exc:
-        raise PeerLost(f"{what} failed: {_gloo_message(exc)}") from None
+        raise PeerLost(f"{what} failed: {gloo_message(exc)}") from None
 
 
 def run_device(cfg: DeviceConfig, emit: Emit) -> int:
@@ -438,15 +350,6 @@ def run_device(cfg: DeviceConfig, emit: Emit) -> int:
         device.run()
         return 0
     except Exception as exc:  # reported, not raised: the launcher or agent decides what it means
-        own = not isinstance(exc, PeerLost | dist.DistError)
-        emit(
-            {
-                "type": "device-error",
-                "device": cfg.steps.name,
-                "iteration": device.iteration if device is not None else -1,
-                "message": str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
-                "cause": "own" if own else "peer",
-                "traceback": "" if isinstance(exc, UserError | PeerLost) else traceback.format_exc(),
-            }
-        )
+        iteration = device.iteration if device is not None else -1
+        emit(error_event(cfg.steps.name, iteration, exc, (PeerLost, dist.DistError)))
         return 1

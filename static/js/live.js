@@ -12,7 +12,6 @@
   const FINISHED = ['completed', 'failed', 'cancelled'];
   const FLUSH_MS = 250; // iteration points reach the charts at most 4 times a second
   const GANTT_MS = 500; // the timeline is redrawn at most twice a second
-  const MEAN_OF = 5; // measured throughput: mean of the last 5 iterations
   const LOG_LIMIT = 500;
   const ROWS_SHOWN = 10; // iterations in the table beside the charts
   const RETRY_FIRST_MS = 1000;
@@ -140,18 +139,17 @@
   }
 
   function showMeasuredThroughput() {
+    // The engine's own measure (engine/metrics.py), carried by each iteration: shown, never recomputed here.
     const el = $('measured-throughput');
     if (!el) return;
-    const all = live.points.concat(live.pending).filter((p) => isNumber(p.throughput));
-    all.sort((a, b) => a.x - b.x);
-    const last = all.slice(-MEAN_OF);
-    if (!last.length) {
+    const all = live.points.concat(live.pending).filter((p) => isNumber(p.measured));
+    if (!all.length) {
       el.textContent = '–';
       return;
     }
-    const mean = last.reduce((sum, p) => sum + p.throughput, 0) / last.length;
-    el.textContent = mean.toFixed(1);
-    el.title = 'mean of the last ' + last.length + ' iteration' + (last.length === 1 ? '' : 's') + ', samples/s';
+    const latest = all.reduce((a, b) => (b.x > a.x ? b : a));
+    el.textContent = latest.measured.toFixed(1);
+    el.title = 'median iteration of the run so far (the first left out), samples/s';
   }
 
   function deviceRow(name) {
@@ -215,6 +213,7 @@
       x: msg.iteration + 1,
       throughput: isNumber(msg.throughput) ? msg.throughput : null,
       loss: isNumber(msg.loss) ? msg.loss : null,
+      measured: isNumber(msg.measured_throughput) ? msg.measured_throughput : null,
     };
   }
 

@@ -55,7 +55,7 @@ class System:
 
 @pytest.fixture(scope="module")
 def system(tmp_path_factory, profile_cache):
-    """`python -m webapp.launch` with cluster C's emulated agents, all online; stopped (SIGTERM) at the end."""
+    """`python -m webapp.startsite` with cluster C's emulated agents, all online; stopped (SIGTERM) at the end."""
     var = tmp_path_factory.mktemp("var")
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
@@ -70,7 +70,7 @@ def system(tmp_path_factory, profile_cache):
     )
     log = var / "system.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "webapp.launch"], cwd=ROOT, env=env, stdout=out,
+        proc = subprocess.Popen([sys.executable, "-m", "webapp.startsite"], cwd=ROOT, env=env, stdout=out,
                                 stderr=subprocess.STDOUT)  # fmt: skip
     system = System(f"http://127.0.0.1:{port}", proc, env, log)
     try:

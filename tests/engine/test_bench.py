@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.bench import exact_vs_ordered, synthetic_cluster, synthetic_workload, time_planning
+from engine.bench.planner import exact_vs_ordered, synthetic_cluster, synthetic_workload, time_planning
 from engine.planners import Problem, make_plan
 
 

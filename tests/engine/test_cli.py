@@ -180,6 +180,7 @@ def test_bad_plan_file(capsys, tmp_path):
     assert code == 2 and "missing field" in err
 
 
+@pytest.mark.multiprocess
 def test_module_entry_point_runs(profile_cache):
     proc = subprocess.run(
         [sys.executable, "-m", "engine", "plan", "--model", "nope", "--cluster", "C", "--batch-size", "8"],

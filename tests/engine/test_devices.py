@@ -91,23 +91,6 @@ def test_custom_cluster_round_trips_without_reserve():
     assert Cluster.from_dict(c.to_dict()) == c
 
 
-# Regression: Device.to_dict dropped reserved_gb, so a custom device came back from its own document
-# with reserved_gb=0, its memory_bytes changed and a saved plan re-scored differently.
-@pytest.mark.parametrize(
-    "device",
-    [
-        {"name": "x", "memory_gb": 6, "gflops": 900, "reserved_gb": 1.0},
-        {"name": "x", "kind": "nano", "memory_gb": 6},  # custom, keeps the Nano's 1.2 GB reserve
-        {"name": "x", "kind": "nano", "reserved_gb": 0.5},  # still "jetson-nano", reserve 0.5
-    ],
-)
-def test_cluster_with_reserved_memory_round_trips(device):
-    c = Cluster.from_dict({"devices": [device]})
-    back = Cluster.from_dict(c.to_dict())
-    assert back.devices[0].memory_bytes == c.devices[0].memory_bytes
-    assert back == c
-
-
 def test_unknown_kind_names_the_kind(tmp_path):
     path = write(tmp_path, {"devices": [{"name": "a", "kind": "jetson-orin"}]})
     with pytest.raises(UserError, match="jetson-orin"):

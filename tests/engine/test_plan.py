@@ -63,6 +63,19 @@ def test_predicted_block_is_ignored_and_bandwidth_overrides_the_cluster():
     assert plan.cluster.bandwidth_mbps == 250
 
 
+def test_stored_prediction_is_kept_when_asked_and_checked():
+    pred = Prediction(1.23, 104.1, 0.12, {"nx-0": 123456789}, False)
+    doc = json.loads(json.dumps(sample_plan().with_prediction(pred).to_dict()))
+    assert Plan.from_dict(doc, keep_prediction=True).predicted == pred
+    assert Plan.from_dict(sample_doc(), keep_prediction=True).predicted is None
+    doc["predicted"]["fits"] = "yes"
+    with pytest.raises(UserError, match="predicted.fits"):
+        Plan.from_dict(doc, keep_prediction=True)
+    doc["predicted"] = {"iteration_s": "garbage"}
+    with pytest.raises(UserError, match="predicted.iteration_s"):
+        Plan.from_dict(doc, keep_prediction=True)
+
+
 def mutated(**changes) -> dict:
     doc = copy.deepcopy(sample_doc())
     for key, value in changes.items():

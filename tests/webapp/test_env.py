@@ -28,6 +28,7 @@ def settings_in_subprocess(extra_env: dict, expr: str) -> subprocess.CompletedPr
     )
 
 
+@pytest.mark.multiprocess
 def test_default_database_is_sqlite_under_var():
     out = settings_in_subprocess({}, "settings.DATABASES['default']")
     assert out.returncode == 0, out.stderr
@@ -62,6 +63,7 @@ def test_bad_database_url_is_one_clear_line(url, words):
     assert "secret" not in message  # passwords are redacted
 
 
+@pytest.mark.multiprocess
 def test_bad_database_url_stops_manage_py_without_traceback():
     out = subprocess.run(
         [sys.executable, "manage.py", "check"],
@@ -132,6 +134,7 @@ def test_production_requires_secret_key(tmp_path, monkeypatch):
     assert env.secret_key(False, tmp_path / "secret_key") == "k" * 60
 
 
+@pytest.mark.multiprocess
 def test_production_settings_pass_check_deploy():
     out = subprocess.run(
         [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
@@ -149,3 +152,32 @@ def test_production_settings_pass_check_deploy():
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "no issues" in out.stdout
+
+
+def test_env_port(monkeypatch):
+    monkeypatch.delenv("X_PORT", raising=False)
+    assert env.env_port("X_PORT", 8000) == 8000
+    monkeypatch.setenv("X_PORT", " 8123 ")
+    assert env.env_port("X_PORT", 8000) == 8123
+    for bad in ("0", "65536", "http"):
+        monkeypatch.setenv("X_PORT", bad)
+        with pytest.raises(ImproperlyConfigured, match=rf"X_PORT='{bad}' is not a TCP port \(1-65535\)"):
+            env.env_port("X_PORT", 8000)
+
+
+def test_env_choice(monkeypatch):
+    monkeypatch.delenv("X_PICK", raising=False)
+    assert env.env_choice("X_PICK", "C", ["A", "B", "C"], "a letter") == "C"
+    monkeypatch.setenv("X_PICK", "b")
+    assert env.env_choice("X_PICK", "C", ["A", "B", "C"], "a letter") == "B"
+    monkeypatch.setenv("X_PICK", "Off")
+    assert env.env_choice("X_PICK", "C", ["A", "B", "C"], "a letter") is None
+    monkeypatch.setenv("X_PICK", "Z")
+    with pytest.raises(ImproperlyConfigured, match="X_PICK='Z' is not a letter; use one of A, B, C or none"):
+        env.env_choice("X_PICK", "C", ["A", "B", "C"], "a letter")
+
+
+def test_env_str_keeps_spaces_when_asked(monkeypatch):
+    monkeypatch.setenv("X_SECRET", " pass word ")
+    assert env.env_str("X_SECRET") == "pass word"
+    assert env.env_str("X_SECRET", strip=False) == " pass word "

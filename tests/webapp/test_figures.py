@@ -5,7 +5,10 @@ import json
 import pytest
 
 from engine.devices import CLUSTERS, GIB, KINDS
+from engine.plan import Prediction
 from webapp.jobs import figures
+from webapp.jobs.models import read_comparison, read_plan
+from webapp.jobs.rows import comparison_rows, device_rows, predictions
 
 MODEL = "mobilenetv2"
 
@@ -71,6 +74,11 @@ def custom_plan() -> dict:
     }
 
 
+def outcomes(comparison: dict) -> dict:
+    """A stored comparison (plan JSON or {"error"} per method) as the figures and rows take it."""
+    return predictions(read_comparison(comparison))
+
+
 def plan_devices(plan: dict) -> list[tuple[int, dict, dict]]:
     return [(k, st, d) for k, st in enumerate(plan["stages"]) for d in st["devices"]]
 
@@ -88,7 +96,7 @@ def test_pipeline_figure_has_every_device_once_with_its_layers_and_share(engine_
     plan = engine_plans[method]
     if "error" in plan:
         pytest.skip(plan["error"])
-    fig = figures.pipeline_figure(plan)
+    fig = figures.pipeline_figure(read_plan(plan))
     assert_plain_json(fig)
     mbs = plan["batch_size"] // plan["micro_batches"]
     by_device = {}
@@ -118,7 +126,7 @@ def test_pipeline_figure_has_every_device_once_with_its_layers_and_share(engine_
 
 def test_pipeline_figure_colours_by_kind_and_names_unused_devices():
     plan = custom_plan()
-    fig = figures.pipeline_figure(plan)
+    fig = figures.pipeline_figure(read_plan(plan))
     colour = {t["meta"]["device"]: t["marker"]["color"] for t in fig["data"]}
     assert colour["nano-0"] == figures.KIND_COLORS["jetson-nano"]
     assert colour["tx2-0"] == figures.KIND_COLORS["jetson-tx2"]
@@ -132,7 +140,7 @@ def test_pipeline_figure_colours_by_kind_and_names_unused_devices():
 
 def test_memory_figure_bars_are_predicted_gib_against_usable_capacity(engine_plans):
     plan = engine_plans["asteroid"]
-    fig = figures.memory_figure(plan)
+    fig = figures.memory_figure(read_plan(plan))
     assert_plain_json(fig)
     capacity, predicted = fig["data"]
     names = [d["name"] for _, _, d in plan_devices(plan)]
@@ -148,7 +156,7 @@ def test_memory_figure_bars_are_predicted_gib_against_usable_capacity(engine_pla
 
 
 def test_memory_figure_custom_device_capacity_and_overflow():
-    fig = figures.memory_figure(custom_plan())
+    fig = figures.memory_figure(read_plan(custom_plan()))
     capacity, predicted = fig["data"]
     assert capacity["x"] == ["big", "nano-0", "tx2-0"]
     assert capacity["y"] == pytest.approx([5.5, 2.8, 6.5])
@@ -160,12 +168,12 @@ def test_memory_figure_custom_device_capacity_and_overflow():
 def test_memory_figure_without_prediction_says_so():
     plan = custom_plan()
     del plan["predicted"]
-    fig = figures.memory_figure(plan)
+    fig = figures.memory_figure(read_plan(plan))
     assert any("no memory prediction" in a["text"] for a in fig["layout"]["annotations"])
 
 
 def test_device_rows_match_the_plan():
-    rows = figures.device_rows(custom_plan())
+    rows = device_rows(read_plan(custom_plan()))
     assert [r["device"] for r in rows] == ["big", "nano-0", "tx2-0"]
     big, nano, tx2 = rows
     assert big == {
@@ -188,7 +196,7 @@ def test_device_rows_match_the_plan():
 
 def test_device_rows_of_an_engine_plan(engine_plans):
     plan = engine_plans["asteroid"]
-    rows = figures.device_rows(plan)
+    rows = device_rows(read_plan(plan))
     assert [r["device"] for r in rows] == [d["name"] for _, _, d in plan_devices(plan)]
     assert all(r["fits"] for r in rows) == plan["predicted"]["fits"]
     for k in range(len(plan["stages"])):
@@ -203,7 +211,7 @@ def comparison_with_error(engine_plans) -> dict:
 
 def test_comparison_rows_give_speedup_or_error(engine_plans):
     comparison = comparison_with_error(engine_plans)
-    rows = figures.comparison_rows(comparison)
+    rows = comparison_rows(outcomes(comparison))
     assert [r["method"] for r in rows] == ["asteroid", "dp", "gpipe", "pipedream", "ftpipehd"]
     ours = comparison["asteroid"]["predicted"]["throughput"]
     for row in rows:
@@ -220,15 +228,15 @@ def test_comparison_rows_give_speedup_or_error(engine_plans):
 
 
 def test_comparison_rows_accept_bare_predicted_blocks():
-    rows = figures.comparison_rows(
-        {"asteroid": {"throughput": 100.0, "iteration_s": 0.64, "fits": True}, "dp": {"throughput": 25.0}}
+    rows = comparison_rows(
+        {"asteroid": Prediction(0.64, 100.0, 0.0, {}, True), "dp": Prediction(0.0, 25.0, 0.0, {}, True)}
     )
     assert [(r["method"], r["throughput"], r["speedup"]) for r in rows] == [("asteroid", 100.0, 1.0), ("dp", 25.0, 4.0)]
 
 
 def test_comparison_figure_highlights_asteroid_and_labels_missing_plans(engine_plans):
     comparison = comparison_with_error(engine_plans)
-    fig = figures.comparison_figure(comparison)
+    fig = figures.comparison_figure(outcomes(comparison))
     assert_plain_json(fig)
     (bars,) = fig["data"]
     assert bars["orientation"] == "h"
@@ -253,11 +261,11 @@ def test_comparison_figure_highlights_asteroid_and_labels_missing_plans(engine_p
 
 def test_comparison_figure_marks_a_plan_that_does_not_fit():
     plan = custom_plan()
-    fig = figures.comparison_figure({"asteroid": plan, "dp": {"error": "no plan: out of memory"}})
+    fig = figures.comparison_figure(outcomes({"asteroid": plan, "dp": {"error": "no plan: out of memory"}}))
     (bars,) = fig["data"]
     assert "does not fit" in bars["text"][0]
     assert fig["layout"]["annotations"][0]["text"] == "no plan: out of memory"
-    assert figures.comparison_rows({"dp": {"error": "does not fit in memory"}})[0]["error"] == "does not fit in memory"
+    assert comparison_rows({"dp": "does not fit in memory"})[0]["error"] == "does not fit in memory"
 
 
 def test_timeline_figure_has_one_bar_per_step_from_start_to_end(simulated_steps):

@@ -42,8 +42,11 @@ def test_no_online_device_is_a_form_error(client, bob):
 
 def test_finished_job_offers_model_and_trace(client, bob, settings):
     now = timezone.now()
-    plan = {"method": "asteroid", "stages": [{"layers": [0, 3], "devices": [{"name": "nx-0", "samples": 8}]}],
-            "predicted": {"throughput": 10.0}}  # fmt: skip
+    plan = {"method": "asteroid", "model": "mobilenetv2", "batch_size": 8, "micro_batches": 1,
+            "stages": [{"layers": [0, 3], "devices": [{"name": "nx-0", "samples": 8}]}],
+            "cluster": {"devices": [{"name": "nx-0", "kind": "nx"}]},
+            "predicted": {"throughput": 10.0, "iteration_s": 0.8, "bubble_fraction": 0.0, "memory_bytes": {},
+                          "fits": True}}  # fmt: skip
     job = Job.objects.create(owner=bob, model="mobilenetv2", plan=plan, status="completed", launched_at=now,
                              finished_at=now)  # fmt: skip
     JobDevice.objects.create(job=job, name="nx-0", rank=0, state="done")

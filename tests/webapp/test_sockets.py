@@ -10,7 +10,7 @@ from django.utils import timezone
 from webapp.accounts.models import ApiToken
 from webapp.asgi import application
 from webapp.devices.models import Device
-from webapp.jobs import runs
+from webapp.jobs import launching
 from webapp.jobs.models import Job, JobDevice, JobEvent
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -32,7 +32,9 @@ def agent_socket(credential: str | None) -> WebsocketCommunicator:
 def running_job(owner, devices: list[Device]) -> Job:
     plan = {"method": "asteroid", "model": "mobilenetv2", "batch_size": 8, "micro_batches": 1,
             "stages": [{"layers": [0, 1], "devices": [{"name": d.name, "samples": 8}]} for d in devices],
-            "predicted": {"throughput": 100.0, "iteration_s": 0.08}}  # fmt: skip
+            "cluster": {"devices": [{"name": d.name, "kind": d.kind} for d in devices]},
+            "predicted": {"throughput": 100.0, "iteration_s": 0.08, "bubble_fraction": 0.0, "memory_bytes": {},
+                          "fits": True}}  # fmt: skip
     job = Job.objects.create(owner=owner, model="mobilenetv2", plan=plan, status="running", iterations=2,
                              launched_at=timezone.now())  # fmt: skip
     for rank, d in enumerate(devices):
@@ -137,7 +139,9 @@ def test_launch_assign_accept_start_then_done(bob, settings):
     plan = {"method": "asteroid", "model": "mobilenetv2", "batch_size": 8, "micro_batches": 1,
             "stages": [{"layers": [0, 5], "devices": [{"name": "nx-0", "samples": 8}]},
                        {"layers": [5, 20], "devices": [{"name": "tx2-0", "samples": 8}]}],
-            "predicted": {"throughput": 100.0, "iteration_s": 0.08}}  # fmt: skip
+            "cluster": {"devices": [{"name": "nx-0", "kind": "nx"}, {"name": "tx2-0", "kind": "tx2"}]},
+            "predicted": {"throughput": 100.0, "iteration_s": 0.08, "bubble_fraction": 0.0, "memory_bytes": {},
+                          "fits": True}}  # fmt: skip
     job = Job.objects.create(owner=bob, model="mobilenetv2", plan=plan, status="planned", iterations=1)
 
     async def run():
@@ -146,7 +150,7 @@ def test_launch_assign_accept_start_then_done(bob, settings):
             agents[name] = agent_socket(cred)
             assert (await agents[name].connect())[0]
             await say(agents[name], {**HELLO, "session": name, "address": "10.0.0.7" if name == "nx-0" else "x"})
-        await sync_to_async(runs.launch)(await sync_to_async(Job.objects.get)(pk=job.pk))
+        await sync_to_async(launching.launch)(await sync_to_async(Job.objects.get)(pk=job.pk))
         assigned = {n: await ws.receive_json_from(5) for n, ws in agents.items()}
         assert {n: (m["type"], m["rank"]) for n, m in assigned.items()} == {
             "nx-0": ("assign", 0),

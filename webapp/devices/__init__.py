@@ -1,1 +1,1 @@
-"""Devices registered with the control plane: the boards (or emulated boards) that train."""
+"""Devices registered with the control plane: the boards (or emulated boards) that train. Never imports jobs."""

@@ -1,11 +1,18 @@
-"""The agent messages the site accepts (docs/protocol.md), checked field by field: `parse` or ProtocolError."""
+"""The agent messages the site accepts (docs/protocol.md), checked field by field: `parse` or ProtocolError.
+
+The events inside an `events` message are checked by the engine's event catalogue (engine/events.py) and
+replaced by what it keeps: the catalogue's fields, nothing else.
+"""
 
 from __future__ import annotations
 
 import json
 
+from engine import events as catalogue
+
 MAX_BATCH = 200
-EVENT_TYPES = {"device-start", "step", "iteration", "device-done", "device-error", "job-stopped"}
+# What a device's agent may report; `run-start` and `run-stop` are a launcher's.
+EVENT_TYPES = ("device-start", "step", "iteration", "device-done", "device-error", "job-stopped")
 
 
 class ProtocolError(ValueError):
@@ -74,17 +81,10 @@ def _events(msg: dict) -> None:
         last = seq
         _field(item, "job", int)
         event = _field(item, "event", dict)
-        if event.get("type") not in EVENT_TYPES:
-            raise ProtocolError(f"events: unknown event type {event.get('type')!r}")
-        if event["type"] == "iteration":
-            for name in ("iteration", "throughput", "iteration_s"):
-                _number(event, name)
-            _field(event, "loss", (int, float))  # a loss may be negative
-        if event["type"] == "step":
-            for name in ("start", "end"):
-                _number(event, name)
-            _field(event, "device", str)
-            _field(event, "kind", str)
+        try:
+            item["event"] = catalogue.parse(event, EVENT_TYPES).to_message()
+        except catalogue.EventError as exc:
+            raise ProtocolError(f"events: {exc}") from None
 
 
 CHECKS = {"hello": _hello, "heartbeat": _heartbeat, "accepted": _accepted, "events": _events}

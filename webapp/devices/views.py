@@ -1,4 +1,5 @@
-"""Device pages: the list everyone reads; staff add, disable, enable, re-enroll and remove devices."""
+"""Device pages: the list everyone reads; staff add, enable and re-enroll devices (disable and remove, which fail
+the device's job, are in webapp.agents.views)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
+from webapp.devices.agents import disconnect_agent
 from webapp.devices.api import agent_command
 from webapp.devices.forms import DeviceForm
 from webapp.devices.models import Device
-from webapp.jobs import runs
 
 
 @login_required
@@ -38,18 +39,8 @@ def _enrollment_page(request, device: Device, token: str):
 def device_token(request, device_id: int):
     device = get_object_or_404(Device, pk=device_id)
     token = device.issue_enrollment()
-    runs.disconnect_agent(device.pk)
+    disconnect_agent(device.pk)
     return _enrollment_page(request, device, token)
-
-
-@staff_member_required
-@require_POST
-def device_disable(request, device_id: int):
-    device = get_object_or_404(Device, pk=device_id)
-    runs.device_lost(device, "was disabled by an administrator")
-    Device.objects.filter(pk=device.pk).update(status=Device.Status.DISABLED, job=None)
-    messages.info(request, f"{device.name} is disabled: it takes no jobs until it is enabled.")
-    return redirect("devices")
 
 
 @staff_member_required
@@ -59,15 +50,4 @@ def device_enable(request, device_id: int):
     # Offline until its agent speaks again; a running agent reconnects by itself.
     Device.objects.filter(pk=device.pk).update(status=Device.Status.OFFLINE)
     messages.info(request, f"{device.name} is enabled; it is online once its agent reports.")
-    return redirect("devices")
-
-
-@staff_member_required
-@require_POST
-def device_remove(request, device_id: int):
-    device = get_object_or_404(Device, pk=device_id)
-    runs.device_lost(device, "was removed by an administrator")
-    runs.disconnect_agent(device.pk)
-    device.delete()
-    messages.info(request, f"{device.name} is removed.")
     return redirect("devices")

@@ -1,14 +1,22 @@
-"""JSON API of jobs: list and create (planned by a Celery task), read, launch, cancel."""
+"""JSON API of jobs: list and create (planned by a Celery task), read, launch, cancel; and the agents' upload of
+their trained stage."""
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.http import JsonResponse
 from django.shortcuts import get_object_or_404
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_POST
 
 from webapp.accounts.auth import api, error
-from webapp.jobs import runs
+from webapp.devices.models import Device
+from webapp.jobs import ending, launching
+from webapp.jobs.artifacts import job_dir
 from webapp.jobs.forms import JobForm
+from webapp.jobs.models import JobDevice
 from webapp.jobs.submit import submit, visible_jobs
+from webapp.lib.tokens import bearer
 
 
 def form_error(form: JobForm) -> JsonResponse:
@@ -42,8 +50,8 @@ def job(request, job_id: int):
 def launch(request, job_id: int):
     job = get_object_or_404(visible_jobs(request.user), pk=job_id)
     try:
-        runs.launch(job)
-    except runs.LaunchError as exc:
+        launching.launch(job)
+    except launching.LaunchError as exc:
         return error(409, str(exc))
     job.refresh_from_db()
     return JsonResponse(job.to_dict())
@@ -52,7 +60,39 @@ def launch(request, job_id: int):
 @api("POST")
 def cancel(request, job_id: int):
     job = get_object_or_404(visible_jobs(request.user), pk=job_id)
-    if not runs.cancel(job):
+    if not ending.cancel(job):
         return error(409, f"job {job.pk} already {job.status}")
     job.refresh_from_db()
     return JsonResponse(job.to_dict())
+
+
+@csrf_exempt  # device credential, no session
+@require_POST
+def upload_part(request, job_id: int):
+    """A device's trained stage, streamed to var/jobs/<job>/part-<rank>.pt (size-limited)."""
+    device = Device.for_credential(bearer(request.headers.get("Authorization")))
+    if device is None:
+        return error(401, "unknown or revoked device credential")
+    row = JobDevice.objects.filter(job_id=job_id, device=device).first()
+    if row is None:
+        return error(404, f"device {device.name} has no part in job {job_id}")
+    limit = settings.ASTEROID_MAX_PART_BYTES
+    length = int(request.headers.get("Content-Length") or 0)
+    if length > limit:
+        return error(413, f"part of {length} bytes is over the limit of {limit}")
+    folder = job_dir(job_id)
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp, path = folder / f"part-{row.rank}.tmp", folder / f"part-{row.rank}.pt"
+    size = 0
+    with open(tmp, "wb") as out:
+        # Read the stream, not request.body: the body would be held in memory and capped at 2.5 MB.
+        while chunk := request.read(1 << 20):
+            size += len(chunk)
+            if size > limit:
+                out.close()
+                tmp.unlink()
+                return error(413, f"part is over the limit of {limit} bytes")
+            out.write(chunk)
+    tmp.replace(path)
+    JobDevice.objects.filter(pk=row.pk).update(part=True)
+    return JsonResponse({"stored": size})

@@ -1,14 +1,16 @@
-"""Plotly figures and table rows for the job pages, from plan JSON, plan comparisons and step events."""
+"""Plotly figures of the job pages: a plan's pipeline and memory, the methods compared, a timeline of steps."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import plotly.graph_objects as go
 
-from engine.devices import GIB, KINDS, Cluster, get_kind
-from engine.errors import UserError
+from engine.devices import GIB
+from engine.plan import Plan, Prediction
+from webapp.jobs.rows import KIND_LABELS, METHOD_LABELS, comparison_rows, device_rows, unused_devices
 
 FONT = 'system-ui, -apple-system, "Segoe UI", Roboto, sans-serif'
 ACCENT = "#2d5bd7"
@@ -22,21 +24,10 @@ KIND_COLORS = {
     "jetson-nano": "#b7791f",
     "custom": "#7c3aed",
 }
-KIND_LABELS = {**{k: v.label for k, v in KINDS.items()}, "custom": "Custom device"}
 
 # Step kinds of engine.events, grouped as the timeline shows them (static/js/live.js uses the same colours).
 STEP_GROUPS = {"F": "forward", "B": "backward", "send": "transfer", "recv": "transfer", "all-reduce": "all-reduce"}
 STEP_COLORS = {"forward": "#2d5bd7", "backward": "#e07b39", "transfer": "#9aa3b2", "all-reduce": "#1f8a4c"}
-
-METHOD_LABELS = {
-    "asteroid": "Asteroid",
-    "dp": "DP (data parallel)",
-    "gpipe": "GPipe",
-    "pipedream": "PipeDream",
-    "ftpipehd": "FTPipeHD",
-    "exhaustive": "Exhaustive search",
-}
-METHOD_ORDER = ("asteroid", "dp", "gpipe", "pipedream", "ftpipehd")
 
 
 def _layout(title: str, **extra: Any) -> dict:
@@ -66,92 +57,16 @@ def _plain(fig: go.Figure) -> dict:
     return {"data": doc.get("data", []), "layout": doc.get("layout", {})}
 
 
-def _device_specs(plan: dict) -> dict[str, tuple[str, int | None]]:
-    """{device name: (kind key, usable bytes)} for the plan's cluster; a Jetson kind's figures come from KINDS."""
-    cluster_doc = plan.get("cluster") or {}
-    try:
-        cluster = Cluster.from_dict(cluster_doc)
-        return {d.name: (d.kind, d.memory_bytes) for d in cluster.devices}
-    except UserError:
-        pass
-    specs: dict[str, tuple[str, int | None]] = {}
-    for d in cluster_doc.get("devices") or []:
-        if not isinstance(d, dict) or "name" not in d:
-            continue
-        try:
-            kind = get_kind(d["kind"]) if "kind" in d else None
-        except UserError:
-            kind = None
-        if kind is not None:
-            specs[d["name"]] = (kind.key, int((kind.memory_gb - kind.reserved_gb) * GIB))
-        elif isinstance(d.get("memory_gb"), (int, float)):
-            usable = float(d["memory_gb"]) - float(d.get("reserved_gb") or 0)
-            specs[d["name"]] = ("custom", int(usable * GIB))
-        else:
-            specs[d["name"]] = ("custom", None)
-    return specs
-
-
-def _micro_batch_size(plan: dict) -> int:
-    micro_batches = max(int(plan.get("micro_batches") or 1), 1)
-    return int(plan.get("batch_size") or 0) // micro_batches
-
-
-def _layers(stage: dict) -> tuple[int, int]:
-    start, end = stage["layers"]
-    return int(start), int(end)
-
-
-def _plan_devices(plan: dict) -> list[tuple[int, dict, dict]]:
-    """(stage index, stage, device share) for every device of the plan, in plan order."""
-    return [(k, st, dev) for k, st in enumerate(plan.get("stages") or []) for dev in st.get("devices") or []]
-
-
-def device_rows(plan: dict) -> list[dict]:
-    """One row per device of the plan, in plan order: where it sits, its share and its predicted memory."""
-    specs = _device_specs(plan)
-    memory = (plan.get("predicted") or {}).get("memory_bytes") or {}
-    mbs = _micro_batch_size(plan)
-    rows = []
-    for k, st, dev in _plan_devices(plan):
-        start, end = _layers(st)
-        kind, capacity = specs.get(dev["name"], ("custom", None))
-        used = memory.get(dev["name"])
-        rows.append(
-            {
-                "device": dev["name"],
-                "kind": kind,
-                "kind_label": KIND_LABELS.get(kind, kind),
-                "stage": k,
-                "layers": f"[{start}, {end})",
-                "start": start,
-                "end": end,
-                "samples": dev["samples"],
-                "micro_batch_size": mbs,
-                "memory_gib": None if used is None else round(used / GIB, 3),
-                "capacity_gib": None if capacity is None else round(capacity / GIB, 2),
-                "fits": None if used is None or capacity is None else used <= capacity,
-            }
-        )
-    return rows
-
-
-def unused_devices(plan: dict) -> list[str]:
-    """Devices of the plan's cluster that no stage uses."""
-    used = {dev["name"] for _, _, dev in _plan_devices(plan)}
-    return [d["name"] for d in (plan.get("cluster") or {}).get("devices") or [] if d.get("name") not in used]
-
-
-def pipeline_figure(plan: dict) -> dict:
+def pipeline_figure(plan: Plan) -> dict:
     """Stages as columns, each stage's devices stacked in its column with box height = share of a micro-batch."""
-    mbs = _micro_batch_size(plan)
+    mbs = plan.micro_batch_size
     fig = go.Figure()
     shown_kinds: set[str] = set()
-    stages = plan.get("stages") or []
+    stages = plan.stages
     ticks = []
     rows = device_rows(plan)
     for k, st in enumerate(stages):
-        start, end = _layers(st)
+        start, end = st.start, st.end
         x = f"stage {k}"
         ticks.append(f"stage {k}<br>layers [{start}, {end})")
         # Plotly stacks traces bottom-up: add the stage's devices in reverse so the first one is on top.
@@ -199,11 +114,11 @@ def pipeline_figure(plan: dict) -> dict:
                 "font": {"color": MUTED},
             }
         )
-    method = METHOD_LABELS.get(plan.get("method", ""), plan.get("method", ""))
+    method = METHOD_LABELS.get(plan.method, plan.method)
     fig.update_layout(
         **_layout(
             f"{method} pipeline: {_count(len(stages), 'stage', 'stages')}, "
-            f"{_count(plan.get('micro_batches', 0), 'micro-batch', 'micro-batches')} of {mbs} samples",
+            f"{_count(plan.micro_batches, 'micro-batch', 'micro-batches')} of {mbs} samples",
             barmode="stack",
             bargap=0.25,
             height=420,
@@ -236,9 +151,10 @@ def _nice_step(total: int) -> float | None:
     return None
 
 
-def memory_figure(plan: dict) -> dict:
+def memory_figure(plan: Plan) -> dict:
     """Predicted memory per device (GiB) in front of its usable capacity (memory − reserved)."""
     rows = device_rows(plan)
+    memory = plan.predicted.memory_bytes if plan.predicted else {}
     names = [r["device"] for r in rows]
     used = [r["memory_gib"] for r in rows]
     capacity = [r["capacity_gib"] for r in rows]
@@ -265,7 +181,7 @@ def memory_figure(plan: dict) -> dict:
     fig.add_trace(
         go.Bar(
             x=names,
-            y=[(plan.get("predicted") or {}).get("memory_bytes", {}).get(n, 0) / GIB for n in names],
+            y=[memory.get(n, 0) / GIB for n in names],
             name="predicted peak memory",
             marker={"color": colors},
             width=0.4,
@@ -276,7 +192,7 @@ def memory_figure(plan: dict) -> dict:
         )
     )
     annotations = []
-    if not (plan.get("predicted") or {}).get("memory_bytes"):
+    if not memory:
         annotations.append(_note("no memory prediction for this plan"))
     top = max([c for c in capacity if c] + [u for u in used if u] + [0.1])
     fig.update_layout(
@@ -305,56 +221,10 @@ def _note(text: str) -> dict:
     }
 
 
-def _methods(comparison: dict) -> list[str]:
-    known = [m for m in METHOD_ORDER if m in comparison]
-    return known + sorted(m for m in comparison if m not in METHOD_ORDER)
+def comparison_figure(comparison: Mapping[str, Prediction | str]) -> dict:
+    """Horizontal bars of predicted throughput per method; Asteroid highlighted; "no plan" where a method failed.
 
-
-def _throughput(doc: Any) -> float | None:
-    if not isinstance(doc, dict) or "error" in doc:
-        return None
-    value = _predicted(doc).get("throughput")
-    return float(value) if isinstance(value, (int, float)) and value > 0 else None
-
-
-def _predicted(doc: Any) -> dict:
-    """A plan's `predicted` block; a bare predicted block (as in the job API's comparison) is taken as is."""
-    if not isinstance(doc, dict):
-        return {}
-    return doc.get("predicted") or ({} if "stages" in doc else doc)
-
-
-def comparison_rows(comparison: dict) -> list[dict]:
-    """One row per method: predicted throughput and iteration time, Asteroid's speedup over it, or why it has no plan.
-
-    `error` is the reason alone (a leading "no plan: " is dropped), so a page can write "no plan: {error}".
-    """
-    ours = _throughput(comparison.get("asteroid"))
-    rows = []
-    for method in _methods(comparison):
-        doc = comparison[method]
-        tp = _throughput(doc)
-        predicted = _predicted(doc)
-        error = None
-        if tp is None:
-            reason = str(doc.get("error") or "") if isinstance(doc, dict) else ""
-            error = reason.removeprefix("no plan: ").strip() or "no plan found"
-        rows.append(
-            {
-                "method": method,
-                "label": METHOD_LABELS.get(method, method),
-                "throughput": None if tp is None else round(tp, 1),
-                "iteration_s": None if tp is None else round(float(predicted.get("iteration_s", 0.0)), 4),
-                "fits": None if tp is None else bool(predicted.get("fits", True)),
-                "speedup": None if tp is None or ours is None else round(ours / tp, 2),
-                "error": error,
-            }
-        )
-    return rows
-
-
-def comparison_figure(comparison: dict) -> dict:
-    """Horizontal bars of predicted throughput per method; Asteroid highlighted; "no plan" where a method failed."""
+    `comparison` maps each method to its plan's prediction or to why it has none (rows.predictions)."""
     rows = comparison_rows(comparison)
     labels = [r["label"] for r in rows]
     with_plan = [r for r in rows if r["throughput"] is not None]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from webapp.jobs.models import Job, JobDevice, JobEvent
-from webapp.jobs.runs import ITERATION_FIELDS
+from webapp.jobs.notify import browser_event
 
 LOG_LINES = 200
 MAX_STEPS = 5000  # a bound on what one snapshot carries
@@ -11,7 +11,7 @@ MAX_STEPS = 5000  # a bound on what one snapshot carries
 
 def iteration_messages(job: Job) -> list[dict]:
     rows = JobEvent.objects.filter(job=job, type="iteration").values_list("data", flat=True)
-    return [{"type": "iteration", **{k: ev.get(k) for k in ITERATION_FIELDS}} for ev in rows]
+    return [browser_event(ev) for ev in rows]
 
 
 def latest_steps(job: Job, iterations: int = 2) -> list[dict]:
@@ -21,7 +21,7 @@ def latest_steps(job: Job, iterations: int = 2) -> list[dict]:
     if last is not None:
         steps = steps.filter(data__iteration__gt=last - iterations)
     rows = steps.order_by("-id").values_list("data", flat=True)[:MAX_STEPS]
-    return [{k: v for k, v in ev.items() if k != "type"} for ev in reversed(list(rows))]
+    return [browser_event(ev) for ev in reversed(list(rows))]
 
 
 def snapshot(job: Job) -> dict:

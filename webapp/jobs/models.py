@@ -2,8 +2,25 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from django.conf import settings
 from django.db import models
+
+from engine.plan import Plan
+
+
+def read_plan(doc: dict | None) -> Plan | None:
+    """A stored plan (Plan JSON with the prediction made when it was planned); None for none."""
+    return Plan.from_dict(doc, keep_prediction=True) if doc else None
+
+
+def read_comparison(doc: dict | None) -> dict[str, Plan | str]:
+    """A stored comparison: each method's plan, or why it has none."""
+    return {
+        m: str(p["error"]) if "error" in p else Plan.from_dict(p, keep_prediction=True) for m, p in (doc or {}).items()
+    }
 
 
 class Job(models.Model):
@@ -55,12 +72,30 @@ class Job(models.Model):
         return self.status in self.FINISHED
 
     @property
+    def plan_object(self) -> Plan | None:
+        """The plan, parsed once for as long as `plan` stays the same document."""
+        return self._parsed("plan", read_plan)
+
+    @property
+    def comparison_plans(self) -> dict[str, Plan | str]:
+        """Every method's plan or why it has none, parsed once for as long as `comparison` stays the same."""
+        return self._parsed("comparison", read_comparison)
+
+    def _parsed(self, field: str, read: Callable[[Any], Any]) -> Any:
+        doc, cache = getattr(self, field), self.__dict__.setdefault("_parsed_cache", {})
+        if field not in cache or cache[field][0] is not doc:  # `job.plan = ...` or refresh_from_db() replaces it
+            cache[field] = (doc, read(doc))
+        return cache[field][1]
+
+    @property
     def device_names(self) -> list[str]:
-        return [d["name"] for st in (self.plan or {}).get("stages", []) for d in st["devices"]]
+        plan = self.plan_object
+        return plan.device_names if plan else []
 
     @property
     def predicted_throughput(self) -> float | None:
-        return ((self.plan or {}).get("predicted") or {}).get("throughput")
+        plan = self.plan_object
+        return plan.predicted.throughput if plan and plan.predicted else None
 
     @property
     def group(self) -> str:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from engine.devices import Cluster
+from engine.devices import GIB, Cluster
 from engine.errors import UserError
 from engine.plan import Plan
 from engine.planners import COMPARED, NoFeasiblePlan, Problem, make_plan
+from engine.planners.feasibility import Infeasible, diagnose
 from webapp.devices.models import Device
 
 Progress = Callable[[float, str], None]
@@ -33,7 +34,6 @@ def pick_devices(requested: list[str]) -> list[Device]:
 def plan_all(model: str, batch_size: int, devices: list[Device], bandwidth_mbps: float, progress: Progress) -> dict:
     """Every compared method's plan (or why it has none) for the devices; Asteroid's must exist and fit.
     Returns {"plan": ..., "comparison": {method: plan or {"error"}}, "simulation": [step, ...]}."""
-    from engine.cli import infeasible_message
     from engine.simulator import simulate
     from engine.workloads import workload
 
@@ -41,17 +41,34 @@ def plan_all(model: str, batch_size: int, devices: list[Device], bandwidth_mbps:
     progress(0.0, f"profiling {model} (cached after the first job)")
     w = workload(model)
     problem = Problem(w, cluster, batch_size)
-    comparison: dict[str, dict] = {}
+    comparison: dict[str, Plan | str] = {}  # each method's plan, or why it has none
     for k, method in enumerate(COMPARED):
         progress(k / len(COMPARED), f"planning with {method}")
         try:
             plan = make_plan(method, problem)
-            comparison[method] = plan.to_dict() if plan.predicted.fits else {"error": "does not fit in memory"}
+            comparison[method] = plan if plan.predicted.fits else "does not fit in memory"
         except NoFeasiblePlan as exc:
-            comparison[method] = {"error": str(exc).splitlines()[0]}
-    if "error" in comparison["asteroid"]:
-        raise UserError(infeasible_message(problem, "asteroid").replace("--batch-size", "batch size"))
+            comparison[method] = str(exc).splitlines()[0]
+    best = comparison["asteroid"]
+    if not isinstance(best, Plan):
+        raise UserError(infeasible_message(diagnose(problem, "asteroid")))
     progress(0.95, "simulating an iteration of the plan")
-    best = Plan.from_dict(comparison["asteroid"])
     steps = [e.to_dict() for e in simulate(best, w).events]
-    return {"plan": comparison["asteroid"], "comparison": comparison, "simulation": steps}
+    return {
+        "plan": best.to_dict(),
+        "comparison": {m: p.to_dict() if isinstance(p, Plan) else {"error": p} for m, p in comparison.items()},
+        "simulation": steps,
+    }
+
+
+def infeasible_message(why: Infeasible) -> str:
+    """What does not fit, and the batch size to ask for instead (the CLI's advice, in the form's words)."""
+    msg = (
+        f"model {why.model!r} at batch size {why.batch_size} does not fit in cluster {why.cluster!r} "
+        f"with method {why.method} (weights, gradients and optimizer state take {why.state_bytes / GIB:.2f} GiB "
+        f"before activations; the devices have {why.usable_bytes / GIB:.2f} GiB usable in all)"
+    )
+    batch = why.fitting_batch_size
+    if batch is None:
+        return f"{msg}; it does not fit even at batch size 1"
+    return f"{msg}; the largest batch size that fits is about {batch}: try batch size {batch}"

@@ -10,8 +10,9 @@ from django.utils import timezone
 
 from engine.errors import UserError
 from webapp.devices.models import Device
-from webapp.jobs import runs
+from webapp.jobs.ending import device_lost, fail
 from webapp.jobs.models import Job, JobDevice
+from webapp.jobs.notify import job_log, set_status
 from webapp.jobs.planning import pick_devices, plan_all
 
 
@@ -23,20 +24,20 @@ def plan_job(job_id: int) -> str:
     job = Job.objects.get(pk=job_id)
 
     def progress(fraction: float, message: str) -> None:
-        runs.set_status(job, Job.Status.PLANNING, message, round(fraction, 3))
+        set_status(job, Job.Status.PLANNING, message, round(fraction, 3))
 
     try:
         devices = pick_devices(job.requested_devices)
         result = plan_all(job.model, job.batch_size, devices, job.bandwidth_mbps, progress)
     except UserError as exc:
-        runs.set_status(job, Job.Status.FAILED, str(exc), None, finished_at=timezone.now())
-        runs.job_log(job, f"cannot plan: {exc}", "error")
+        set_status(job, Job.Status.FAILED, str(exc), None, finished_at=timezone.now())
+        job_log(job, f"cannot plan: {exc}", "error")
         return "failed"
     Job.objects.filter(pk=job_id).update(**result)
     job.plan = result["plan"]
     predicted = job.predicted_throughput
-    runs.set_status(job, Job.Status.PLANNED, f"planned: {predicted:.1f} samples/s predicted", 1.0)
-    runs.job_log(job, f"planned on {len(job.device_names)} devices: {predicted:.1f} samples/s predicted")
+    set_status(job, Job.Status.PLANNED, f"planned: {predicted:.1f} samples/s predicted", 1.0)
+    job_log(job, f"planned on {len(job.device_names)} devices: {predicted:.1f} samples/s predicted")
     return "planned"
 
 
@@ -54,12 +55,12 @@ def health_check() -> dict:
             status=Device.Status.OFFLINE
         ):
             lost += 1
-            runs.device_lost(device, f"stopped sending heartbeats (none for {silent_after.seconds} s)")
+            device_lost(device, f"stopped sending heartbeats (none for {silent_after.seconds} s)")
     unanswered = 0
     deadline = now - timedelta(seconds=settings.ASTEROID_ACCEPT_TIMEOUT_S)
     for job in Job.objects.filter(status=Job.Status.RUNNING, started_at__isnull=True, launched_at__lt=deadline):
         waiting = list(JobDevice.objects.filter(job=job, accepted=False).values_list("name", flat=True))
         unanswered += 1
-        runs.fail(job, f"device(s) {', '.join(waiting)} did not accept the job within "
-                       f"{settings.ASTEROID_ACCEPT_TIMEOUT_S} s; are their agents running?")  # fmt: skip
+        fail(job, f"device(s) {', '.join(waiting)} did not accept the job within "
+                  f"{settings.ASTEROID_ACCEPT_TIMEOUT_S} s; are their agents running?")  # fmt: skip
     return {"offline": lost, "unaccepted": unanswered}

@@ -11,7 +11,8 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from engine.events import StepEvent, chrome_trace
-from webapp.jobs import figures, runs
+from webapp.jobs import ending, figures, launching, rows
+from webapp.jobs.artifacts import model_path
 from webapp.jobs.forms import JobForm
 from webapp.jobs.models import Job, JobEvent
 from webapp.jobs.submit import submit, visible_jobs
@@ -40,15 +41,17 @@ def job_detail(request, job_id: int):
     """The plan page: how the job will run and why this plan; launch or re-plan from here."""
     job = _job(request, job_id)
     context = {"job": job, "replan_form": None}
-    if job.plan:
+    plan = job.plan_object
+    if plan:
+        predictions = rows.predictions(job.comparison_plans)
         context["figures"] = {
-            "pipeline": figures.pipeline_figure(job.plan),
-            "memory": figures.memory_figure(job.plan),
-            "comparison": figures.comparison_figure(job.comparison or {}),
-            "timeline": figures.timeline_figure(job.simulation or [], job.device_names, "Simulated 1F1B iteration"),
+            "pipeline": figures.pipeline_figure(plan),
+            "memory": figures.memory_figure(plan),
+            "comparison": figures.comparison_figure(predictions),
+            "timeline": figures.timeline_figure(job.simulation or [], plan.device_names, "Simulated 1F1B iteration"),
         }
-        context["comparison_rows"] = figures.comparison_rows(job.comparison or {})
-        context["device_rows"] = figures.device_rows(job.plan)
+        context["comparison_rows"] = rows.comparison_rows(predictions)
+        context["device_rows"] = rows.device_rows(plan)
     if job.launched_at is None and job.status in (Job.Status.PLANNED, Job.Status.FAILED):
         initial = {
             **{k: getattr(job, k) for k in ("model", "dataset", "batch_size", "iterations", "lr", "bandwidth_mbps")},
@@ -77,8 +80,8 @@ def job_replan(request, job_id: int):
 def job_launch(request, job_id: int):
     job = _job(request, job_id)
     try:
-        runs.launch(job)
-    except runs.LaunchError as exc:
+        launching.launch(job)
+    except launching.LaunchError as exc:
         messages.error(request, str(exc))
         return redirect("job", job_id=job.pk)
     return redirect("job-live", job_id=job.pk)
@@ -98,7 +101,7 @@ def job_live(request, job_id: int):
 @require_POST
 def job_cancel(request, job_id: int):
     job = _job(request, job_id)
-    if not runs.cancel(job):
+    if not ending.cancel(job):
         messages.error(request, f"Job {job.pk} already {job.status}.")
     return redirect("job-live", job_id=job.pk)
 
@@ -107,7 +110,7 @@ def job_cancel(request, job_id: int):
 def job_model(request, job_id: int):
     """The trained model: one state_dict of the whole (unpartitioned) model."""
     job = _job(request, job_id)
-    path = runs.model_path(job)
+    path = model_path(job)
     if not path.exists():
         raise Http404("this job has no trained model")
     return FileResponse(open(path, "rb"), as_attachment=True, filename=f"asteroid-job{job.pk}-{job.model}.pt")

@@ -1,4 +1,5 @@
-"""The agent socket `/ws/agent/`: device-token auth, checked messages, relayed into webapp.jobs.runs."""
+"""The agent socket `/ws/agent/`: device-token auth, checked messages; presence goes to the device, `accepted` and
+`events` to its jobs (webapp.jobs.launching, webapp.jobs.ingest)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from django.utils import timezone
 
+from webapp.devices.agents import agent_group
 from webapp.devices.models import Device
 from webapp.devices.protocol import ProtocolError, parse
-from webapp.jobs import runs
+from webapp.jobs.ingest import record_events
+from webapp.jobs.launching import accepted
 from webapp.lib.tokens import bearer
 
 log = logging.getLogger(__name__)
@@ -65,13 +68,13 @@ def _heartbeat(device: Device, msg: dict) -> None:
 
 @database_sync_to_async
 def _accepted(device: Device, msg: dict) -> None:
-    runs.accepted(device, msg["job"], msg.get("port"))
+    accepted(device, msg["job"], msg.get("port"))
 
 
 @database_sync_to_async
 def _events(device: Device, msg: dict) -> int:
     device.refresh_from_db(fields=["last_seq", "session"])
-    return runs.record_events(device, msg["events"])
+    return record_events(device, msg["events"])
 
 
 @database_sync_to_async
@@ -91,14 +94,14 @@ class AgentConsumer(AsyncWebsocketConsumer):
         if self.device is None:  # a disabled device stays connected (and visible), it just gets no jobs
             await self.close(code=REFUSED)
             return
-        self.group = f"agent.{self.device.pk}"
+        self.group = agent_group(self.device.pk)
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
         self.welcomed = False
 
     async def disconnect(self, code):
         if self.device is not None:
-            await self.channel_layer.group_discard(f"agent.{self.device.pk}", self.channel_name)
+            await self.channel_layer.group_discard(agent_group(self.device.pk), self.channel_name)
             if getattr(self, "welcomed", False):
                 await _gone(self.device)
 
@@ -125,7 +128,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         await self.send(text_data=json.dumps(message))
 
     async def agent_message(self, event):
-        """A message from the site (webapp.jobs.runs.tell_agent) to this agent."""
+        """A message from the site (webapp.devices.agents.tell_agent) to this agent."""
         await self.send_json(event["message"])
 
     async def agent_revoked(self, event):

@@ -12,7 +12,7 @@ from engine.data import get_dataset
 from engine.devices import CLUSTERS
 from engine.errors import UserError
 from engine.models import get_model
-from engine.runtime import peers
+from engine.runtime import rivals as peers
 from engine.runtime.batches import batch_indices, load
 from tests.engine.instances import random_workload
 from tests.engine.runtime.helpers import sized_workload

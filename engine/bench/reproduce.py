@@ -5,16 +5,18 @@ under the same time-dilation emulation: the asteroid, pipedream and ftpipehd pla
 runtime, PyTorch DDP over every device, and torch.distributed.pipelining (1F1B, an even split). A run
 whose estimated wall time is over the per-run budget is not trained; the report says so and shows the
 cost model's prediction in its place, marked as such.
+
+This module trains the cells and summarizes them as plain data (`summarize`, `claims`); engine/bench/render.py
+writes those summaries as markdown and a figure.
 """
 
 from __future__ import annotations
 
 import json
-import platform
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from engine.costmodel import ideal_throughput
 from engine.devices import CLUSTERS, SHORT
@@ -75,7 +77,7 @@ def _shape(plan) -> str:
 
 def run_one(method: str, model: str, letter: str, batch: int, mbps: float, iterations: int, budget_s: float,
             dilation_guess: float) -> Run:  # fmt: skip
-    from engine.runtime import peers
+    from engine.runtime import rivals
     from engine.runtime.launcher import RunOptions, train
     from engine.workloads import workload
 
@@ -88,9 +90,9 @@ def run_one(method: str, model: str, letter: str, batch: int, mbps: float, itera
             if not plan.predicted.fits:
                 return _set(run, status="oom", predicted_s=plan.predicted.iteration_s, note="best plan does not fit")
         elif method == "ddp":
-            plan = peers.ddp_plan(w, cluster, batch)
+            plan = rivals.ddp_plan(w, cluster, batch)
         else:
-            plan = peers.pipelining_plan(w, cluster, batch, pipelining_micro_batches(batch, len(cluster.devices)))
+            plan = rivals.pipelining_plan(w, cluster, batch, pipelining_micro_batches(batch, len(cluster.devices)))
     except NoFeasiblePlan as exc:
         return _set(run, status="oom", note=str(exc))
     from engine.costmodel import score
@@ -111,9 +113,9 @@ def run_one(method: str, model: str, letter: str, batch: int, mbps: float, itera
             measured, dilation = result.measured_iteration_s, result.dilation
             late, steps, loss = result.late_steps, result.steps, result.loss
         elif method == "ddp":
-            result = peers.run_ddp(w, cluster, batch, iterations=iterations)
+            result = rivals.run_ddp(w, cluster, batch, iterations=iterations)
         else:
-            result = peers.run_pipelining(w, cluster, batch, plan.micro_batches, iterations=iterations)
+            result = rivals.run_pipelining(w, cluster, batch, plan.micro_batches, iterations=iterations)
         if method not in RUNTIME_METHODS:
             measured, dilation = result.measured_iteration_s, result.dilation
             late, steps, loss = result.late_steps, result.steps, result.loss
@@ -186,14 +188,24 @@ def load_runs(paths: list[Path]) -> list[Run]:
     return list(runs.values())
 
 
-def _by_cell(runs: list[Run]) -> dict[tuple, dict[str, Run]]:
-    cells: dict[tuple, dict[str, Run]] = {}
+class Cell(NamedTuple):
+    """One model on one cluster at one bandwidth: the methods compared there."""
+
+    bandwidth_mbps: float
+    model: str
+    batch_size: int
+    cluster: str
+
+
+def by_cell(runs: list[Run]) -> dict[Cell, dict[str, Run]]:
+    """Runs grouped by cell (in the order cells first appear), then by method."""
+    cells: dict[Cell, dict[str, Run]] = {}
     for r in runs:
-        cells.setdefault((r.bandwidth_mbps, r.model, r.batch_size, r.cluster), {})[r.method] = r
+        cells.setdefault(Cell(r.bandwidth_mbps, r.model, r.batch_size, r.cluster), {})[r.method] = r
     return cells
 
 
-def _speed(ours: Run | None, other: Run | None) -> tuple[float | None, bool]:
+def speedup(ours: Run | None, other: Run | None) -> tuple[float | None, bool]:
     """Asteroid's speedup over `other`: measured when both ran, else predicted (flag False)."""
     if not ours or not other:
         return None, False
@@ -209,136 +221,90 @@ def _speed(ours: Run | None, other: Run | None) -> tuple[float | None, bool]:
     return None, False
 
 
-def report(runs: list[Run], command: str) -> str:
-    """Markdown: per bandwidth, throughput of every method and Asteroid's speedups; then every run in detail."""
+@dataclass
+class CellSummary:
+    """One cell's runs and Asteroid's standing in it; a speedup is (value or None, measured)."""
+
+    cell: Cell
+    runs: dict[str, Run]  # by method
+    ideal: float  # samples/s: every device's own throughput with the whole model, no communication
+    vs_ddp: tuple[float | None, bool]
+    vs_pipelines: list[tuple[float, bool]]  # over each of PIPELINES that has a speedup
+    late_steps: int
+    steps: int
+
+    @property
+    def vs_best_pipeline(self) -> tuple[float | None, bool]:
+        """The speedup over the fastest other pipeline method (the smallest speedup)."""
+        return min(self.vs_pipelines) if self.vs_pipelines else (None, False)
+
+    @property
+    def of_ideal(self) -> float | None:
+        """Asteroid's measured throughput as a fraction of the ideal."""
+        ours = self.runs.get("asteroid")
+        return ours.throughput / self.ideal if ours and ours.throughput else None
+
+
+def summarize(runs: list[Run]) -> list[CellSummary]:
+    """Every cell, highest bandwidth first, then in the order the runs first name it."""
     from engine.workloads import workload
 
-    cells = _by_cell(runs)
-    fmt_x = lambda v, measured: "n/a" if v is None else f"{v:.2f}x" if measured else f"({v:.2f}x pred.)"  # noqa: E731
-    lines = [
-        "## Reproduction: trained for real on emulated clusters A-D",
-        "",
-        f"Command: `{command}` (on {platform.machine()}, {_cores()} cores, Python {platform.python_version()}).",
-        "",
-        "Every number below is measured in **device time** (wall time / dilation) from real training "
-        "in one process per device, except where marked *pred.*: those runs were over the per-run wall-time "
-        "budget and show the cost model's prediction instead. Throughput in samples/s; after it, in brackets, "
-        "the measured iteration time over the predicted one. `OOM`: the method's plan does not fit in memory.",
-        "",
-    ]
-    best = {"ddp": (0.0, ""), "pipe": (0.0, "")}
-    losses = wins = 0
-    within = []
-    for mbps in sorted({k[0] for k in cells}, reverse=True):
-        lines += [
-            f"### {mbps:g} Mbps",
-            "",
-            "| model (batch) | cluster | ideal | " + " | ".join(METHODS) + " | vs ddp | vs best pipeline | "
-            "asteroid / ideal | late steps |",
-            "|---|---|---|" + "---|" * len(METHODS) + "---|---|---|---|",
-        ]
-        for (bw, model, batch, letter), by in cells.items():
-            if bw != mbps:
+    cells = by_cell(runs)
+    summaries = []
+    for mbps in sorted({c.bandwidth_mbps for c in cells}, reverse=True):
+        for cell, by in cells.items():
+            if cell.bandwidth_mbps != mbps:
                 continue
-            w = workload(model)
-            ideal = ideal_throughput(w, CLUSTERS[letter])
             ours = by.get("asteroid")
-            row = [f"{model} ({batch})", letter, f"{ideal:.0f}"]
-            for m in METHODS:
-                r = by.get(m)
-                if r is None:
-                    row.append("-")
-                elif r.status == "ok":
-                    row.append(f"{r.throughput:.1f} ({r.measured_s / r.predicted_s:.2f})")
-                elif r.status == "skipped":
-                    row.append(f"{r.predicted_throughput:.1f} pred.")
-                else:
-                    row.append(r.status.upper() if r.status == "oom" else "failed")
-            vs_ddp, m_ddp = _speed(ours, by.get("ddp"))
-            pipes = [(s, m) for s, m in (_speed(ours, by.get(p)) for p in PIPELINES) if s is not None]
-            vs_pipe, m_pipe = min(pipes) if pipes else (None, False)
-            for key, v, measured in (("ddp", vs_ddp, m_ddp), ("pipe", vs_pipe, m_pipe)):
-                if v and measured and v > best[key][0]:
-                    best[key] = (v, f"{model} on {letter} at {mbps:g} Mbps")
-            for s, measured in [(vs_ddp, m_ddp), *pipes]:
-                if s is not None and measured:
-                    wins += s >= 1
-                    losses += s < 1
-            if ours and ours.status == "ok":
-                within.append(abs(ours.measured_s / ours.predicted_s - 1))
-            late = sum(r.late_steps for r in by.values())
-            steps = sum(r.steps for r in by.values())
-            frac = f"{ours.throughput / ideal:.2f}" if ours and ours.throughput else "n/a"
-            row += [fmt_x(vs_ddp, m_ddp), fmt_x(vs_pipe, m_pipe), frac, f"{late}/{steps}"]
-            lines.append("| " + " | ".join(row) + " |")
-        lines.append("")
-    lines += [
-        "### Against the paper's claims",
-        "",
-        f"- Measured head-to-head comparisons Asteroid won: {wins} of {wins + losses}.",
-        f"- Largest measured speedup over data parallelism (DDP): {best['ddp'][0]:.2f}x ({best['ddp'][1]}) "
-        "(paper: up to 12.2x).",
-        f"- Largest measured speedup over the best other pipeline method: {best['pipe'][0]:.2f}x "
-        f"({best['pipe'][1]}) (paper: up to 2.1x).",
-    ]
-    if within:
-        lines.append(
-            f"- Asteroid's measured iteration time against the prediction: within {100 * max(within):.1f} % "
-            f"in every measured cell (median {100 * sorted(within)[len(within) // 2]:.1f} %)."
-        )
-    lines += ["", "### Every run", "", "| bandwidth | model | cluster | method | plan | status | dilation | "
-              "measured s | predicted s | loss first -> last | late/steps | wall s | note |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    for r in runs:
-        loss = f"{r.loss[0]:.3f} -> {r.loss[-1]:.3f}" if r.loss else ""
-        lines.append(
-            f"| {r.bandwidth_mbps:g} | {r.model} | {r.cluster} | {r.method} | {r.shape} | {r.status} | "
-            f"{r.dilation or 0:.0f} | {r.measured_s or 0:.4f} | {r.predicted_s or 0:.4f} | {loss} | "
-            f"{r.late_steps}/{r.steps} | {r.wall_s:.0f} | {r.note} |"
-        )
-    return "\n".join(lines)
-
-
-def _cores() -> int:
-    from engine.runtime.emulation import host_cores
-
-    return host_cores()
-
-
-def figure(runs: list[Run], prefix: Path) -> list[Path]:
-    """Grouped bars of measured throughput per method and cell, one panel per bandwidth: HTML, and PNG
-    when a static-image engine (kaleido with a Chromium) is available."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
-    cells = _by_cell(runs)
-    bandwidths = sorted({k[0] for k in cells}, reverse=True)
-    fig = make_subplots(
-        rows=len(bandwidths), cols=1, subplot_titles=[f"{b:g} Mbps" for b in bandwidths], vertical_spacing=0.12
-    )
-    colors = dict(zip(METHODS, ("#d62728", "#1f77b4", "#2ca02c", "#7f7f7f", "#ff7f0e")))
-    for row, mbps in enumerate(bandwidths, start=1):
-        keys = [k for k in cells if k[0] == mbps]
-        x = [f"{k[1]} / {k[3]}" for k in keys]
-        for m in METHODS:
-            y = [cells[k][m].throughput if m in cells[k] and cells[k][m].throughput else None for k in keys]
-            fig.add_trace(
-                go.Bar(name=m, x=x, y=y, marker_color=colors[m], showlegend=row == 1, legendgroup=m), row=row, col=1
+            pipes = [(s, m) for s, m in (speedup(ours, by.get(p)) for p in PIPELINES) if s is not None]
+            summaries.append(
+                CellSummary(
+                    cell=cell,
+                    runs=by,
+                    ideal=ideal_throughput(workload(cell.model), CLUSTERS[cell.cluster]),
+                    vs_ddp=speedup(ours, by.get("ddp")),
+                    vs_pipelines=pipes,
+                    late_steps=sum(r.late_steps for r in by.values()),
+                    steps=sum(r.steps for r in by.values()),
+                )
             )
-        fig.update_yaxes(title_text="samples/s (device time)", type="log", row=row, col=1)
-    fig.update_layout(
-        title="Measured training throughput on emulated Jetson clusters (higher is better)",
-        barmode="group",
-        height=420 * len(bandwidths),
-        width=1400,
-    )
-    prefix.parent.mkdir(parents=True, exist_ok=True)
-    html = prefix.with_suffix(".html")
-    fig.write_html(html, include_plotlyjs="directory")
-    written = [html]
-    try:
-        fig.write_image(prefix.with_suffix(".png"))
-        written.append(prefix.with_suffix(".png"))
-    except Exception as exc:  # kaleido or a browser missing: the HTML is the figure
-        print(f"note: PNG not written ({str(exc).splitlines()[0][:120]})", file=sys.stderr)
-    return written
+    return summaries
+
+
+@dataclass
+class Claims:
+    """The paper's claims checked against the measured cells (predicted speedups do not count)."""
+
+    wins: int  # measured head-to-head comparisons Asteroid won (speedup >= 1)
+    comparisons: int
+    best_vs_ddp: tuple[float, str]  # (speedup, "model on cluster at N Mbps"); (0.0, "") when none was measured
+    best_vs_pipeline: tuple[float, str]
+    within: list[float]  # |measured / predicted - 1| of each cell where Asteroid ran
+
+    @property
+    def worst_within(self) -> float | None:
+        return max(self.within) if self.within else None
+
+    @property
+    def median_within(self) -> float | None:
+        return sorted(self.within)[len(self.within) // 2] if self.within else None
+
+
+def claims(summaries: list[CellSummary]) -> Claims:
+    """Wins, the largest measured speedups (the first cell in `summaries` order on a tie) and prediction error."""
+    best = {"ddp": (0.0, ""), "pipe": (0.0, "")}
+    wins = comparisons = 0
+    within = []
+    for s in summaries:
+        c = s.cell
+        for key, (v, measured) in (("ddp", s.vs_ddp), ("pipe", s.vs_best_pipeline)):
+            if v and measured and v > best[key][0]:
+                best[key] = (v, f"{c.model} on {c.cluster} at {c.bandwidth_mbps:g} Mbps")
+        for v, measured in [s.vs_ddp, *s.vs_pipelines]:
+            if v is not None and measured:
+                wins += v >= 1
+                comparisons += 1
+        ours = s.runs.get("asteroid")
+        if ours and ours.status == "ok":
+            within.append(abs(ours.measured_s / ours.predicted_s - 1))
+    return Claims(wins, comparisons, best["ddp"], best["pipe"], within)

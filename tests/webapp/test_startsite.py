@@ -1,4 +1,5 @@
-"""The launcher behind `make run`: one-line errors, the admin account, and a full start/serve/stop cycle."""
+"""The site launcher behind `make run` (webapp/startsite.py): one-line errors, the admin account, and a full
+start/serve/stop cycle."""
 
 import os
 import re
@@ -14,7 +15,7 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from webapp.embedded_redis import free_port
-from webapp.launch import ensure_admin
+from webapp.startsite import ensure_admin
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -58,7 +59,7 @@ def alive(pid: int) -> bool:
 )
 def test_bad_setting_is_one_line_and_nonzero(tmp_path, extra, message):
     out = subprocess.run(
-        [sys.executable, "-m", "webapp.launch"],
+        [sys.executable, "-m", "webapp.startsite"],
         cwd=ROOT,
         env=launcher_env(tmp_path, **extra),
         capture_output=True,
@@ -94,7 +95,7 @@ def test_serves_then_stops_everything_on_sigterm(tmp_path):
     env = launcher_env(tmp_path)
     port = env["ASTEROID_PORT"]
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "webapp.launch"],
+        [sys.executable, "-m", "webapp.startsite"],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,

@@ -1,4 +1,4 @@
-"""Human-readable tables for plans, method comparisons and simulations."""
+"""Human-readable tables and progress lines for the CLI: plans, method comparisons, simulations, runs."""
 
 from __future__ import annotations
 

@@ -1,10 +1,11 @@
-"""Start the whole site on one machine: `python -m webapp.launch` (what `make run` does).
+"""Start the whole site on one machine: `python -m webapp.startsite` (what `make run` does).
 
 Starts an embedded Redis unless REDIS_URL is set, applies migrations, makes sure an `admin` account exists,
 then runs daphne (webapp.asgi), a Celery worker with beat (planning, health checks) and one emulated device
 agent per device of cluster `ASTEROID_CLUSTER` (default C; `none` for no agents), until Ctrl-C or SIGTERM,
 and stops everything it started. The agents enroll like real boards: the launcher registers their devices
-and hands each a one-time enrollment token; their credentials are kept in var/agents/.
+and hands each a one-time enrollment token; their credentials are kept in var/agents/. Settings are read
+through webapp/env.py.
 """
 
 from __future__ import annotations
@@ -23,12 +24,13 @@ from django.core.exceptions import ImproperlyConfigured
 
 from webapp.children import spawn, stop
 from webapp.embedded_redis import EmbeddedRedis, RedisStartError
+from webapp.env import env_choice, env_port, env_str
 
 HOST = "127.0.0.1"
 ADMIN = "admin"
 
 
-class LaunchError(Exception):
+class StartError(Exception):
     """A problem the user can fix (bad setting, busy port): printed as one line."""
 
 
@@ -41,10 +43,13 @@ def _on_signal(signum, frame):
 
 
 def port_from_env() -> int:
-    value = os.environ.get("ASTEROID_PORT", "").strip() or "8000"
-    if not value.isdigit() or not 0 < int(value) < 65536:
-        raise LaunchError(f"ASTEROID_PORT={value!r} is not a TCP port (1-65535)")
-    return int(value)
+    """The port daphne serves on (ASTEROID_PORT, default 8000)."""
+    return env_port("ASTEROID_PORT", 8000)
+
+
+def admin_password_from_env() -> str:
+    """ASTEROID_ADMIN_PASSWORD exactly as given (spaces are part of a password), or "" when unset."""
+    return env_str("ASTEROID_ADMIN_PASSWORD", strip=False)
 
 
 def check_port_free(port: int) -> None:
@@ -52,7 +57,7 @@ def check_port_free(port: int) -> None:
         try:
             s.bind((HOST, port))
         except OSError:
-            raise LaunchError(f"port {port} on {HOST} is in use; stop what uses it or set ASTEROID_PORT") from None
+            raise StartError(f"port {port} on {HOST} is in use; stop what uses it or set ASTEROID_PORT") from None
 
 
 def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 30.0) -> None:
@@ -64,9 +69,9 @@ def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 30.0) -> N
             return
         except OSError:
             if time.monotonic() > deadline:
-                raise LaunchError(f"daphne did not start listening on port {port} within {timeout:.0f} s") from None
+                raise StartError(f"daphne did not start listening on port {port} within {timeout:.0f} s") from None
             time.sleep(0.1)  # poll interval while daphne imports Django and binds
-    raise LaunchError(f"daphne exited with code {proc.returncode} before serving; see its output above")
+    raise StartError(f"daphne exited with code {proc.returncode} before serving; see its output above")
 
 
 def setup_django() -> None:
@@ -84,7 +89,7 @@ def migrate() -> None:
         call_command("migrate", interactive=False, verbosity=1)
     except OperationalError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise LaunchError(f"cannot use the database: {first}") from None
+        raise StartError(f"cannot use the database: {first}") from None
 
 
 def ensure_admin() -> str | None:
@@ -94,7 +99,7 @@ def ensure_admin() -> str | None:
     users = get_user_model()
     if users.objects.filter(username=ADMIN).exists():
         return None
-    password = os.environ.get("ASTEROID_ADMIN_PASSWORD") or secrets.token_urlsafe(12)
+    password = admin_password_from_env() or secrets.token_urlsafe(12)
     users.objects.create_superuser(ADMIN, email="", password=password)
     return password
 
@@ -103,13 +108,8 @@ def cluster_from_env():
     """The built-in cluster whose devices are emulated (`ASTEROID_CLUSTER`, default C), or None for `none`."""
     from engine.devices import CLUSTERS
 
-    value = os.environ.get("ASTEROID_CLUSTER", "").strip() or "C"
-    if value.lower() in ("none", "0", "off"):
-        return None
-    if value.upper() not in CLUSTERS:
-        known = ", ".join(CLUSTERS)
-        raise LaunchError(f"ASTEROID_CLUSTER={value!r} is not a built-in cluster; use one of {known} or none")
-    return CLUSTERS[value.upper()]
+    letter = env_choice("ASTEROID_CLUSTER", "C", list(CLUSTERS), "a built-in cluster")
+    return CLUSTERS[letter] if letter else None
 
 
 def agent_commands(cluster, server: str, state_dir: Path) -> dict[str, list[str]]:
@@ -167,7 +167,7 @@ def serve(port: int, redis_url: str, redis_note: str, admin_password: str | None
             agents = {name: spawn(args, env=env) for name, args in commands.items()}
         print(f"\nAsteroid is running at http://{HOST}:{port}/", flush=True)
         if admin_password:
-            shown = "(from ASTEROID_ADMIN_PASSWORD)" if os.environ.get("ASTEROID_ADMIN_PASSWORD") else admin_password
+            shown = "(from ASTEROID_ADMIN_PASSWORD)" if admin_password_from_env() else admin_password
             print(f"  log in as {ADMIN} / {shown}   (new account; this password is not shown again)")
         else:
             print(f"  log in as {ADMIN}: the account exists, its password is unchanged")
@@ -178,7 +178,7 @@ def serve(port: int, redis_url: str, redis_note: str, admin_password: str | None
         while True:
             for name, proc in procs.items():
                 if proc.poll() is not None:
-                    raise LaunchError(f"{name} exited with code {proc.returncode}; stopping")
+                    raise StartError(f"{name} exited with code {proc.returncode}; stopping")
             for name, proc in list(agents.items()):
                 if proc.poll() is not None:  # a device going away is something the site shows, not a reason to stop
                     print(f"warning: the agent of {name} exited with code {proc.returncode}", flush=True)
@@ -212,7 +212,7 @@ def main() -> int:
         migrate()
         password = ensure_admin()
         return serve(port, redis_url, redis_note, password, cluster)
-    except (LaunchError, ImproperlyConfigured, RedisStartError) as exc:
+    except (StartError, ImproperlyConfigured, RedisStartError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except Stop:

@@ -1,0 +1,74 @@
+"""Benchmarks, kept apart from the library: `python -m engine bench planner|reproduce` (arguments in engine/cli.py).
+
+planner.py: planning time and every method's predicted throughput; reproduce.py: every method trained on emulated
+clusters A-D, and its summaries as plain data; render.py: those summaries as markdown and a Plotly figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from engine.errors import UserError
+
+
+def run(args: argparse.Namespace) -> str:
+    """The markdown report of the benchmark `args.name`, from the `python -m engine bench` arguments."""
+    return {"planner": run_planner, "reproduce": run_reproduce}[args.name](args)
+
+
+def run_planner(args: argparse.Namespace) -> str:
+    from engine.bench.planner import planner_bench
+
+    return planner_bench(quick=args.quick, timeout=args.timeout)
+
+
+def run_reproduce(args: argparse.Namespace) -> str:
+    """Check the reproduce arguments (each mistake is one UserError line), train or load the runs, render them."""
+    from engine.bench import render, reproduce
+    from engine.devices import CLUSTERS
+    from engine.models import get_model
+
+    clusters = args.clusters.upper()
+    if not clusters or any(c not in CLUSTERS for c in clusters):
+        raise UserError(f"--clusters takes letters of {''.join(CLUSTERS)}, got {args.clusters!r}")
+    if args.models:
+        names = [m.strip() for m in args.models.split(",") if m.strip()]
+        for m in names:
+            get_model(m)
+        models = {m: reproduce.MODELS.get(m, 16) for m in names}
+    else:
+        models = {"mobilenetv2": reproduce.MODELS["mobilenetv2"]} if args.quick else dict(reproduce.MODELS)
+    try:
+        bandwidths = tuple(float(x) for x in args.bandwidths.split(","))
+    except ValueError:
+        raise UserError(f"--bandwidths takes comma-separated numbers, got {args.bandwidths!r}") from None
+    if any(not b > 0 for b in bandwidths):
+        raise UserError("--bandwidths must be positive")
+    methods = reproduce.METHODS
+    if args.methods:
+        methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
+        unknown = [m for m in methods if m not in reproduce.METHODS]
+        if unknown or not methods:
+            raise UserError(f"--methods takes some of {', '.join(reproduce.METHODS)}, got {args.methods!r}")
+    if args.quick:
+        clusters = "C" if args.clusters == "ABCD" else clusters
+    command = "python -m engine " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["bench"] else "bench reproduce"
+    if args.from_record:
+        runs = reproduce.load_runs([Path(p) for p in args.from_record.split(",")])
+    else:
+        runs = reproduce.reproduce(
+            clusters,
+            models,
+            bandwidths,
+            methods,
+            iterations=args.iterations,
+            budget_s=args.budget,
+            progress=sys.stderr.isatty(),
+            record=Path(args.record) if args.record else None,
+        )
+    if args.figure:
+        for path in render.figure(runs, Path(args.figure)):
+            print(f"figure written to {path}", file=sys.stderr)
+    return render.report(runs, command)

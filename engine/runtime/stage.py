@@ -1,0 +1,98 @@
+"""What a device needs of its stage: its layers, their boundary shapes, its part of the state dict, its calibration.
+
+Shared by the Asteroid runtime (engine/runtime/worker.py) and the rivals it is measured against
+(engine/runtime/rivals/), so both build, time and save a stage the same way.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+from torch import nn
+
+from engine.runtime.emulation import Clock, auto_dilation, measure_ratio, now
+
+
+class PeerLost(RuntimeError):
+    """A collective or point-to-point operation failed because another device went away."""
+
+
+def stage_module(layers: list[nn.Module], start: int, end: int) -> nn.Sequential:
+    return nn.Sequential(*layers[start:end])
+
+
+def part_state_dict(module: nn.Module, start: int) -> dict[str, torch.Tensor]:
+    """The stage's parameters and buffers under the unpartitioned model's keys ("<layer index>.<name>")."""
+    out = {}
+    for key, value in module.state_dict().items():
+        index, rest = key.split(".", 1)
+        out[f"{int(index) + start}.{rest}"] = value.detach().clone()
+    return out
+
+
+def boundary_examples(spec, layers: list[nn.Module], start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sample entering and one leaving layers [start, end), from one example sample through the layers
+    before and in the stage (shapes and dtypes: token ids stay integers)."""
+    x, _ = spec.example_batch(1, torch.Generator().manual_seed(0))
+    x_in = x
+    with torch.no_grad():
+        for k in range(end):
+            if k == start:
+                x_in = x
+            layers[k].eval()  # no batch-norm statistics updated by the probe
+            x = layers[k](x)
+            layers[k].train()
+    return x_in, x
+
+
+def calibrated_clock(
+    dilation: float | None,
+    spec,
+    module: nn.Module,
+    samples: int,
+    shape_in: tuple | None,
+    last: bool,
+    forward_s: float,
+    backward_s: float,
+    store,
+    rank: int,
+    world: int,
+    seed: int,
+) -> Clock:
+    """The clock of an emulated device: the given `dilation`, or one from every device's measured host/device
+    time ratio (agreed through the rendezvous `store`). Either way the stage first runs once untimed, so no
+    padded step pays for a cold start. `shape_in` None: the stage takes the model's own input."""
+    gen = torch.Generator().manual_seed(seed + 7919 * (rank + 1))
+
+    def step() -> tuple[float, float]:
+        x, y = spec.example_batch(samples, gen)
+        if shape_in is not None:  # a later pipeline stage: activations in
+            x = torch.randn((samples, *shape_in), generator=gen, requires_grad=True)
+        t = now()
+        out = module(x)
+        t_f = now()
+        if last:
+            spec.loss(out, y).backward()
+        else:
+            out.backward(torch.randn(out.shape, generator=gen))
+        return t_f - t, now() - t_f
+
+    state = {k: v.clone() for k, v in module.state_dict().items()}
+    with torch.random.fork_rng(devices=[]):  # dropout draws leave training's random stream as it was
+        if dilation is not None:
+            step()  # warm-up only: the allocator, lazy initialisation
+        else:
+            try:
+                ratio = measure_ratio(step, forward_s, backward_s, store, rank, world)
+            except RuntimeError as exc:  # the store: a device that never came
+                raise PeerLost(f"calibration failed: {gloo_message(exc)}") from None
+    module.zero_grad(set_to_none=True)
+    module.load_state_dict(state)  # batch-norm statistics as they were
+    return Clock(dilation if dilation is not None else auto_dilation(ratio, world))
+
+
+def gloo_message(exc: Exception) -> str:
+    """gloo's first sentence without its source location: "Connection closed by peer [127.0.0.1]:60099"."""
+    text = re.sub(r"^\[[^\]]*\]\s*", "", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    return text.split(". ")[0].rstrip(".")

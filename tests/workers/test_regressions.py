@@ -1,0 +1,53 @@
+"""Regressions in workers/: one test per bug found, named after it, with a comment saying what went wrong."""
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from engine.errors import UserError
+from workers.enroll import enroll
+from workers.site import Site
+
+
+class EnrollOnce(BaseHTTPRequestHandler):
+    """The site's enrollment endpoint, answering any token with one credential."""
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        body = json.dumps({"credential": "cred-nano", "device": {"name": "nano-0"}}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+# Agents started with the site (`make run`) gave up enrolling when the site was not listening yet (2b5e4a0).
+def test_enrollment_retries_while_the_site_starts():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), EnrollOnce, bind_and_activate=False)
+    server.server_bind()  # the port is taken but nothing listens yet: connections are refused, as while daphne starts
+    site = Site.parse(f"http://127.0.0.1:{server.server_address[1]}")
+    got = {}
+
+    def agent():
+        try:
+            got["state"] = enroll(site, "tok-1", tries=3)
+        except UserError as exc:
+            got["error"] = str(exc)
+
+    thread = threading.Thread(target=agent, daemon=True)
+    thread.start()
+    try:
+        time.sleep(0.3)  # the first attempt is refused; the next comes 1 s after it
+        server.server_activate()
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        thread.join(10)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert "state" in got, got
+    assert got["state"].credential == "cred-nano"

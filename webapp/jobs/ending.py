@@ -1,0 +1,86 @@
+"""The end of a job: completed (model assembled, devices freed), failed or cancelled (every agent told to stop),
+or failed because one of its devices was lost.
+
+Each end is a conditional UPDATE from an unfinished status, so two agents reporting at once cannot both end a job.
+"""
+
+from __future__ import annotations
+
+from django.utils import timezone
+
+from engine.metrics import measured_throughput
+from webapp.devices.agents import tell_agent
+from webapp.devices.models import Device
+from webapp.jobs.artifacts import assemble_model
+from webapp.jobs.models import Job, JobDevice, JobEvent
+from webapp.jobs.notify import job_log, notify, set_status
+
+
+def release(devices) -> None:
+    """Devices leave the job: busy ones are online again (heartbeats correct anything else)."""
+    devices.filter(status=Device.Status.BUSY).update(status=Device.Status.ONLINE, job=None)
+    devices.update(job=None)
+
+
+def finish(job: Job) -> None:
+    """Every device is done: assemble the model, record the summary, free the devices."""
+    if not Job.objects.filter(pk=job.pk, status__in=Job.ACTIVE).update(status=Job.Status.COMPLETED):
+        return
+    job.refresh_from_db()
+    problem = assemble_model(job)
+    iterations = list(JobEvent.objects.filter(job=job, type="iteration").values_list("data", flat=True))
+    batch = job.plan_object.batch_size if job.plan_object else job.batch_size
+    measured = measured_throughput(batch, [it["iteration_s"] for it in iterations])
+    summary = f"{len(iterations)} iterations"
+    if measured and job.predicted_throughput:
+        summary += f"; measured {measured:.1f} samples/s against {job.predicted_throughput:.1f} predicted"
+    set_status(job, Job.Status.COMPLETED, summary, 1.0, finished_at=timezone.now())
+    release(Device.objects.filter(job=job))
+    job_log(job, f"completed: {summary}")
+    if problem:
+        job_log(job, f"the trained model is not available: {problem}", "warning")
+
+
+def fail(job: Job, message: str, overrule: bool = False) -> None:
+    """Stop an active job as failed: every agent gets `cancel`, the devices are freed.
+    With `overrule`, a device's own failure replaces an earlier report of a lost peer as the reason."""
+    if Job.objects.filter(pk=job.pk, status__in=(*Job.ACTIVE, Job.Status.PLANNED)).update(
+        status=Job.Status.FAILED, message=message, finished_at=timezone.now()
+    ):
+        job.refresh_from_db()
+        notify(job.pk, {"type": "status", "status": job.status, "progress": job.progress, "message": message})
+        _stop_devices(job)
+        job_log(job, message, "error")
+    elif overrule and job.status == Job.Status.FAILED:
+        Job.objects.filter(pk=job.pk).update(message=message)
+        job_log(job, message, "error")
+
+
+def cancel(job: Job) -> bool:
+    """Cancel a job that has not finished; False when it already had."""
+    if (
+        not Job.objects.filter(pk=job.pk)
+        .exclude(status__in=Job.FINISHED)
+        .update(status=Job.Status.CANCELLED, finished_at=timezone.now())
+    ):
+        return False
+    job.refresh_from_db()
+    set_status(job, Job.Status.CANCELLED, "cancelled by its owner", job.progress)
+    _stop_devices(job)
+    job_log(job, "cancelled", "warning")
+    return True
+
+
+def _stop_devices(job: Job) -> None:
+    for row in JobDevice.objects.filter(job=job).exclude(state__in=(JobDevice.State.DONE, JobDevice.State.FAILED)):
+        if row.device_id:
+            tell_agent(row.device_id, {"type": "cancel", "job": job.pk})
+    release(Device.objects.filter(job=job))
+
+
+def device_lost(device: Device, why: str) -> None:
+    """A device stopped answering; its job, if any, fails."""
+    if device.job_id:
+        job = Job.objects.filter(pk=device.job_id).first()
+        if job is not None and job.status in Job.ACTIVE:
+            fail(job, f"device {device.name} {why}")

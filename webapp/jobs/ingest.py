@@ -1,0 +1,82 @@
+"""Events from the devices: stored once each (by sequence number), relayed to the job's watchers, and what they
+mean for the job and its devices (a device started, an iteration ended, a device is done or failed)."""
+
+from __future__ import annotations
+
+import logging
+
+from django.db import transaction
+
+from webapp.devices.models import Device
+from webapp.jobs.ending import fail, finish, release
+from webapp.jobs.models import Job, JobDevice, JobEvent
+from webapp.jobs.notify import browser_event, job_log, notify
+
+log = logging.getLogger(__name__)
+
+
+def record_events(device: Device, items: list[dict]) -> int:
+    """Store a batch of sequenced events from `device`'s agent, drop duplicates, relay them; returns the
+    highest seq now stored (what to acknowledge)."""
+    fresh = [it for it in items if it["seq"] > device.last_seq]
+    if not fresh:
+        return device.last_seq
+    jobs = {r.job_id: r for r in JobDevice.objects.filter(device=device, job_id__in={it["job"] for it in fresh})}
+    stored, steps = [], {}
+    for it in fresh:
+        ev, row = it["event"], jobs.get(it["job"])
+        if row is None:
+            log.warning("device %s sent an event for job %s, which it is not part of; dropped", device.name, it["job"])
+            continue
+        stored.append(JobEvent(job_id=row.job_id, device=device.name, type=ev["type"], data=ev))
+        if ev["type"] == "step":
+            steps.setdefault(row.job_id, []).append(browser_event(ev))
+    with transaction.atomic():
+        JobEvent.objects.bulk_create(stored)
+        last = max(it["seq"] for it in fresh)
+        Device.objects.filter(pk=device.pk).update(last_seq=last)
+        device.last_seq = last
+    for job_id, batch in steps.items():
+        notify(job_id, {"type": "steps", "steps": batch})
+    for ev in stored:
+        if ev.type != "step":
+            _apply(jobs[ev.job_id], ev.data)
+    return last
+
+
+def _device_state(row: JobDevice, state: str, **fields) -> None:
+    JobDevice.objects.filter(pk=row.pk).update(state=state, **fields)
+    row.state = state
+    notify(row.job_id, {"type": "device", "device": row.name, "state": state})
+
+
+def _apply(row: JobDevice, ev: dict) -> None:
+    """What a (non-step) event means for the job and the device."""
+    job = Job.objects.get(pk=row.job_id)
+    kind = ev["type"]
+    if kind == "device-start":
+        _device_state(row, JobDevice.State.TRAINING)
+        job_log(job, f"{row.name} started: rank {ev.get('rank')}, stage {ev.get('stage')}, "
+                     f"time dilation {ev.get('dilation') or 1:.1f}")  # fmt: skip
+    elif kind == "iteration" and job.status in Job.ACTIVE:
+        message = browser_event(ev)
+        progress = min(1.0, (ev["iteration"] + 1) / job.iterations)
+        Job.objects.filter(pk=job.pk).update(latest=message, progress=progress)
+        notify(job.pk, message)
+    elif kind == "device-done":
+        _device_state(row, JobDevice.State.DONE, result={k: v for k, v in ev.items() if k != "type"})
+        if not JobDevice.objects.filter(job=job).exclude(state=JobDevice.State.DONE).exists():
+            finish(job)
+    elif kind == "device-error":
+        _device_state(row, JobDevice.State.FAILED, result={k: v for k, v in ev.items() if k != "type"})
+        where = f" during iteration {ev['iteration'] + 1}" if ev.get("iteration", -1) >= 0 else " while starting"
+        if ev.get("cause") == "own":
+            if row.device_id:
+                Device.objects.filter(pk=row.device_id).update(status=Device.Status.FAILED)
+            fail(job, f"device {row.name} failed{where}: {ev.get('message')}", overrule=True)
+        else:
+            fail(job, f"device {row.name} lost a peer{where}: {ev.get('message')}")
+    elif kind == "job-stopped":
+        if row.state not in (JobDevice.State.DONE, JobDevice.State.FAILED):
+            _device_state(row, JobDevice.State.STOPPED)
+        release(Device.objects.filter(pk=row.device_id, job=job))

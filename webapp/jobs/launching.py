@@ -1,0 +1,97 @@
+"""Launching a planned job: every agent gets `assign` and answers `accepted`; once all have, everyone gets `start`.
+
+Claims are conditional UPDATEs (`filter(status=old).update(status=new) == 1`), so two requests cannot both launch
+a job, nor two agents' acceptances both send `start`.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from engine.runtime.options import RunOptions
+from webapp.devices.agents import tell_agent
+from webapp.devices.models import Device
+from webapp.jobs.ending import fail
+from webapp.jobs.models import Job, JobDevice
+from webapp.jobs.notify import job_log, notify
+
+
+class LaunchError(Exception):
+    """The job cannot be launched now; the message says why and what to do."""
+
+
+def launch(job: Job) -> None:
+    """Assign a planned job's devices: each agent gets an `assign` and answers `accepted`."""
+    names = job.device_names
+    if job.status != Job.Status.PLANNED:
+        raise LaunchError(f"job {job.pk} is {job.status}, not planned: it cannot be launched")
+    with transaction.atomic():
+        devices = {d.name: d for d in Device.objects.select_for_update().filter(name__in=names)}
+        for name in names:
+            device = devices.get(name)
+            if device is None:
+                raise LaunchError(f"device {name} is no longer registered; re-plan with the devices there are")
+            if not device.available:
+                why = f"busy with job {device.job_id}" if device.job_id else device.status
+                raise LaunchError(f"device {name} is {why}; re-plan with other devices or wait")
+        emulated = {bool(devices[n].measured.get("emulated", False)) for n in names}
+        if len(emulated) > 1:
+            raise LaunchError("the plan mixes emulated and real devices, which cannot share a run; re-plan")
+        claimed = Job.objects.filter(pk=job.pk, status=Job.Status.PLANNED).update(
+            status=Job.Status.RUNNING,
+            launched_at=timezone.now(),
+            progress=0.0,
+            message="waiting for the devices to accept",
+            emulated=emulated.pop(),
+        )
+        if not claimed:
+            job.refresh_from_db()
+            raise LaunchError(f"job {job.pk} is {job.status}, not planned: it cannot be launched")
+        rows = [JobDevice(job=job, device=devices[n], name=n, rank=r) for r, n in enumerate(names)]
+        JobDevice.objects.bulk_create(rows)
+        Device.objects.filter(pk__in=[d.pk for d in devices.values()]).update(status=Device.Status.BUSY, job=job)
+    job.refresh_from_db()
+    notify(job.pk, {"type": "status", "status": job.status, "progress": 0.0, "message": job.message})
+    options = RunOptions(
+        iterations=job.iterations,
+        lr=job.lr,
+        dataset=job.dataset,
+        emulate=job.emulated,
+        timeout_s=settings.ASTEROID_RUN_TIMEOUT_S,
+        save_model=True,
+        generation=job.pk,
+    ).to_dict()
+    for row in rows:
+        notify(job.pk, {"type": "device", "device": row.name, "state": row.state})
+        tell_agent(
+            row.device_id, {"type": "assign", "job": job.pk, "plan": job.plan, "rank": row.rank, "options": options}
+        )
+    job_log(job, f"launched on {len(rows)} devices ({', '.join(names)}); waiting for their agents to accept")
+
+
+def accepted(device: Device, job_id: int, port: int | None) -> None:
+    """An agent took its part; once all have, everyone gets `start` with rank 0's rendezvous address."""
+    row = JobDevice.objects.filter(job_id=job_id, device=device).select_related("job").first()
+    if row is None or row.job.status not in Job.ACTIVE:
+        tell_agent(device.pk, {"type": "cancel", "job": job_id})  # a stale assignment: make sure it stops
+        return
+    JobDevice.objects.filter(pk=row.pk).update(accepted=True, port=port, state=JobDevice.State.STARTING)
+    notify(job_id, {"type": "device", "device": row.name, "state": JobDevice.State.STARTING})
+    rows = list(JobDevice.objects.filter(job_id=job_id).select_related("device"))
+    if not all(r.accepted for r in rows):
+        return
+    first = rows[0]
+    if first.port is None:
+        fail(row.job, f"device {first.name} (rank 0) accepted without a rendezvous port")
+        return
+    if not Job.objects.filter(pk=job_id, started_at__isnull=True, status=Job.Status.RUNNING).update(
+        started_at=timezone.now(), message="training"
+    ):
+        return  # another agent's acceptance already started it
+    host = (first.device.address if first.device else "") or "127.0.0.1"
+    for r in rows:
+        if r.device_id:
+            tell_agent(r.device_id, {"type": "start", "job": job_id, "host": host, "port": first.port})
+    job_log(row.job, f"all {len(rows)} devices accepted; rendezvous at {host}:{first.port} ({first.name})")
