@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from engine.costmodel import ideal_throughput
-from engine.devices import GIB, load_cluster
+from engine.devices import load_cluster
 from engine.errors import UserError
 from engine.plan import Plan
 from engine.planners import COMPARED, PLANNERS, NoFeasiblePlan, Problem, make_plan
@@ -189,15 +189,10 @@ def infeasible_message(problem: Problem, method: str) -> str:
     from engine.planners.feasibility import diagnose
 
     why = diagnose(problem, method)
-    msg = (
-        f"model {why.model!r} at batch size {why.batch_size} does not fit in cluster {why.cluster!r} "
-        f"with method {why.method} (weights, gradients and optimizer state take {why.state_bytes / GIB:.2f} GiB "
-        f"before activations; the devices have {why.usable_bytes / GIB:.2f} GiB usable in all)"
-    )
-    batch = why.fitting_batch_size
-    if batch is None:
-        return f"{msg}; it does not fit even at batch size 1"
-    return f"{msg}; the largest batch size that fits is about {batch}: try --batch-size {batch}"
+    if why.fitting_batch_size is None:
+        return f"{why.summary}; it does not fit even at batch size 1"
+    n = why.fitting_batch_size
+    return f"{why.summary}; the largest batch size that fits is about {n}: try --batch-size {n}"
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.devices import GIB
 from engine.planners import NoFeasiblePlan, Problem, make_plan
 
 
@@ -18,6 +19,15 @@ class Infeasible:
     state_bytes: int  # weights, gradients and optimizer state, before any activation
     usable_bytes: int  # every device's usable memory, together
     fitting_batch_size: int | None  # the largest batch size (halving from batch_size) that fits; None: not even 1
+
+    @property
+    def summary(self) -> str:
+        """What does not fit, with the numbers; the advice (the batch size to ask for) is the front end's."""
+        return (
+            f"model {self.model!r} at batch size {self.batch_size} does not fit in cluster {self.cluster!r} "
+            f"with method {self.method} (weights, gradients and optimizer state take {self.state_bytes / GIB:.2f} "
+            f"GiB before activations; the devices have {self.usable_bytes / GIB:.2f} GiB usable in all)"
+        )
 
 
 def diagnose(problem: Problem, method: str) -> Infeasible:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.webapp.test_startsite import alive
 from webapp.children import spawn, stop
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,14 +55,6 @@ with connection.cursor() as c:
     c.execute("SELECT COUNT(*) FROM t")
     print(c.fetchone()[0], errors)
 """
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
 
 
 # stop() signalled only the child: a Celery worker's pool and beat outlived it (9f833ea).

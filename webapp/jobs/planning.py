@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from engine.devices import GIB, Cluster
+from engine.devices import Cluster
 from engine.errors import UserError
 from engine.plan import Plan
 from engine.planners import COMPARED, NoFeasiblePlan, Problem, make_plan
@@ -63,12 +63,7 @@ def plan_all(model: str, batch_size: int, devices: list[Device], bandwidth_mbps:
 
 def infeasible_message(why: Infeasible) -> str:
     """What does not fit, and the batch size to ask for instead (the CLI's advice, in the form's words)."""
-    msg = (
-        f"model {why.model!r} at batch size {why.batch_size} does not fit in cluster {why.cluster!r} "
-        f"with method {why.method} (weights, gradients and optimizer state take {why.state_bytes / GIB:.2f} GiB "
-        f"before activations; the devices have {why.usable_bytes / GIB:.2f} GiB usable in all)"
-    )
-    batch = why.fitting_batch_size
-    if batch is None:
-        return f"{msg}; it does not fit even at batch size 1"
-    return f"{msg}; the largest batch size that fits is about {batch}: try batch size {batch}"
+    if why.fitting_batch_size is None:
+        return f"{why.summary}; it does not fit even at batch size 1"
+    n = why.fitting_batch_size
+    return f"{why.summary}; the largest batch size that fits is about {n}: try batch size {n}"

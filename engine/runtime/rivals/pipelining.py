@@ -21,32 +21,18 @@ from engine.runtime.stage import boundary_examples, part_state_dict, stage_modul
 from engine.runtime.worker import DeviceConfig
 
 
-class _BackwardStarts(torch.autograd.Function):
-    """Identity at the stage output; its backward runs first in the stage's backward and notes the time."""
+class _OnBackward(torch.autograd.Function):
+    """Identity whose backward calls `hook()` when the gradient passes: at a stage's output that is the first
+    thing of its backward, at its input the last."""
 
     @staticmethod
-    def forward(ctx, x, stage):
-        ctx.stage = stage
+    def forward(ctx, x, hook):
+        ctx.hook = hook
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, grad):
-        ctx.stage.backward_start = now()
-        return grad, None
-
-
-class _BackwardEnds(torch.autograd.Function):
-    """Identity at the stage input; its backward runs last in the stage's backward and pads it."""
-
-    @staticmethod
-    def forward(ctx, x, stage):
-        ctx.stage = stage
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        stage = ctx.stage
-        stage.clock.pad(stage.backward_start, stage.backward_s)
+        ctx.hook()
         return grad, None
 
 
@@ -58,16 +44,22 @@ class _PaddedStage(nn.Module):
         self.layers, self.clock, self.forward_s, self.backward_s = layers, clock, forward_s, backward_s
         self.backward_start = 0.0
 
+    def _backward_starts(self) -> None:
+        self.backward_start = now()
+
+    def _backward_ends(self) -> None:
+        self.clock.pad(self.backward_start, self.backward_s)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         start = now()
         if x.is_floating_point():
             # The first stage's input has no gradient; one is asked for so the backward reaches the pad.
-            x = _BackwardEnds.apply(x if x.requires_grad else x.detach().requires_grad_(), self)
+            x = _OnBackward.apply(x if x.requires_grad else x.detach().requires_grad_(), self._backward_ends)
             out = self.layers(x)
         else:  # token ids: the backward is padded after the embedding (the first layer)
-            out = self.layers[1:](_BackwardEnds.apply(self.layers[0](x), self))
+            out = self.layers[1:](_OnBackward.apply(self.layers[0](x), self._backward_ends))
         self.clock.pad(start, self.forward_s)
-        return _BackwardStarts.apply(out, self)
+        return _OnBackward.apply(out, self._backward_starts)
 
 
 def _example(t: torch.Tensor, m: int, activation: bool) -> torch.Tensor:
