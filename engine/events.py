@@ -123,7 +123,7 @@ class Iteration(Event):
     NON_NEGATIVE = ("iteration", "iteration_s", "throughput", "late_steps", "steps", "time", "measured_throughput")
 
     iteration: int
-    loss: float  # the global batch's mean loss (may be negative for some losses)
+    loss: float | None  # the global batch's mean loss (negative for some losses); None: not finite (diverged)
     iteration_s: float
     throughput: float  # samples per device second of this iteration
     late_steps: int = 0  # over the run so far, every device
@@ -251,6 +251,8 @@ def _check(kind: str, name: str, value: Any, types: tuple[type, ...]) -> None:
 def chrome_trace(events: list[StepEvent], devices: list[str], name: str = "asteroid", pid: int = 0) -> dict:
     """A Chrome-trace document (chrome://tracing, Perfetto): one row per device, times in microseconds."""
     tid = {d: k for k, d in enumerate(devices)}
+    for e in events:  # a device the list does not name still gets a row of its own
+        tid.setdefault(e.device, len(tid))
     trace = [{"name": "process_name", "ph": "M", "pid": pid, "args": {"name": name}}]
     trace += [{"name": "thread_name", "ph": "M", "pid": pid, "tid": t, "args": {"name": d}} for d, t in tid.items()]
     for e in events:

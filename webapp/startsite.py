@@ -54,6 +54,8 @@ def admin_password_from_env() -> str:
 
 def check_port_free(port: int) -> None:
     with socket.socket() as s:
+        # as daphne binds: a port whose last connections linger in TIME_WAIT after a stop is free to serve on
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((HOST, port))
         except OSError:

@@ -231,7 +231,9 @@ class Connection:
 
     async def _heartbeats(self, ws: ClientConnection, every: float) -> None:
         while True:
-            await ws.send(json.dumps({"type": "heartbeat", "state": self.runner.state, "job": self.runner.job}))
+            # state before pending: a run that ends in between leaves its last events counted as pending
+            beat = {"type": "heartbeat", "state": self.runner.state, "job": self.runner.job}
+            await ws.send(json.dumps({**beat, "pending": len(self.outbox)}))
             await asyncio.sleep(every)
 
 

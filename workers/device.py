@@ -15,6 +15,7 @@ reports a process that died without saying why.
 from __future__ import annotations
 
 import logging
+import math
 import socket
 import threading
 import time
@@ -217,6 +218,7 @@ class Runner:
     def _relay(self, job, ev: dict, seen: _Seen) -> None:
         kind = ev.get("type")
         if kind == "device-start":
+            seen.iteration = max(seen.iteration, 0)  # training: iteration 0 is under way
             log.info("job %s: device %s training (dilation %s)", job, ev.get("device"), ev.get("dilation"))
         elif kind == "step":
             seen.iteration = max(seen.iteration, ev.get("iteration", -1))
@@ -227,6 +229,8 @@ class Runner:
         elif kind == "device-done":
             seen.done = True
             ev["part"] = self._upload(job, ev)
+        elif kind == "iteration" and not math.isfinite(ev.get("loss") or 0.0):
+            ev["loss"] = None  # a diverged run's NaN or infinite loss: JSON has no such number
         self.outbox.add(job, ev)
 
     def _upload(self, job, ev: dict) -> bool:

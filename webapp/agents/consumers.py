@@ -14,6 +14,7 @@ from django.utils import timezone
 from webapp.devices.agents import agent_group
 from webapp.devices.models import Device
 from webapp.devices.protocol import ProtocolError, parse
+from webapp.jobs.ending import reconcile
 from webapp.jobs.ingest import record_events
 from webapp.jobs.launching import accepted
 from webapp.lib.tokens import bearer
@@ -39,6 +40,9 @@ def _authenticate(scope) -> Device | None:
 def _hello(device: Device, msg: dict) -> dict:
     device.refresh_from_db()
     if msg["session"] != device.session:  # a new agent process numbers its events from 1 again
+        if device.session:  # ... and runs nothing of what the one before it had taken part in
+            reconcile(device, None, restarted=True)
+            device.refresh_from_db(fields=["status", "job"])
         device.session, device.last_seq = msg["session"], 0
     device.measured = {k: msg.get(k) for k in ("kind", "emulated", "memory_bytes", "gflops", "host_gflops")}
     device.address = msg.get("address") or ""
@@ -60,6 +64,9 @@ def _hello(device: Device, msg: dict) -> dict:
 @database_sync_to_async
 def _heartbeat(device: Device, msg: dict) -> None:
     device.refresh_from_db(fields=["status", "job"])
+    if msg.get("pending") == 0:  # every event it sent is applied: what it runs now is the whole truth
+        reconcile(device, msg["job"] if msg["state"] == "busy" else None, restarted=False)
+        device.refresh_from_db(fields=["status", "job"])
     fields = {"last_heartbeat": timezone.now()}
     if device.status == Device.Status.OFFLINE:  # disabled and failed devices stay so until staff enable them
         fields["status"] = Device.Status.BUSY if device.job_id else Device.Status.ONLINE
@@ -74,7 +81,7 @@ def _accepted(device: Device, msg: dict) -> None:
 @database_sync_to_async
 def _events(device: Device, msg: dict) -> int:
     device.refresh_from_db(fields=["last_seq", "session"])
-    return record_events(device, msg["events"])
+    return record_events(device, msg["events"], msg["last_seq"])
 
 
 @database_sync_to_async
@@ -122,6 +129,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
         elif msg["type"] == "accepted":
             await _accepted(self.device, msg)
         elif msg["type"] == "events":
+            for seq, why in msg["rejected"]:  # acknowledged below all the same: the stream goes on without it
+                log.warning("device %s: dropped event %d: %s", self.device.name, seq, why)
+                await self.send_json({"type": "error", "message": f"event {seq} dropped: {why}"})
             await self.send_json({"type": "ack", "seq": await _events(self.device, msg)})
 
     async def send_json(self, message: dict) -> None:

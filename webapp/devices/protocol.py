@@ -1,16 +1,20 @@
 """The agent messages the site accepts (docs/protocol.md), checked field by field: `parse` or ProtocolError.
 
-The events inside an `events` message are checked by the engine's event catalogue (engine/events.py) and
-replaced by what it keeps: the catalogue's fields, nothing else.
+JSON is read strictly: no NaN or Infinity, integers of at most 19 digits, bounded nesting. The events inside an
+`events` message are checked by the engine's event catalogue (engine/events.py) and replaced by what it keeps:
+the catalogue's fields, nothing else. A malformed event does not spoil its batch: it moves to the message's
+`rejected` list (seq, why), so the site acknowledges it without storing it and the agent's stream goes on.
 """
 
 from __future__ import annotations
 
 import json
+import math
 
 from engine import events as catalogue
 
 MAX_BATCH = 200
+MAX_DIGITS = 19  # an integer of more digits cannot be a count, a seq or an id (the database's bigint)
 # What a device's agent may report; `run-start` and `run-stop` are a launcher's.
 EVENT_TYPES = ("device-start", "step", "iteration", "device-done", "device-error", "job-stopped")
 
@@ -27,6 +31,8 @@ def _field(msg: dict, name: str, types, optional: bool = False):
     value = msg[name]
     if not isinstance(value, types) or isinstance(value, bool) and bool not in _tuple(types):
         raise ProtocolError(f"{msg.get('type')}: field {name!r} has the wrong type ({type(value).__name__})")
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > catalogue.MAX_INT:
+        raise ProtocolError(f"{msg.get('type')}: field {name!r} is out of range")
     return value
 
 
@@ -58,6 +64,7 @@ def _heartbeat(msg: dict) -> None:
     if _field(msg, "state", str) not in ("idle", "busy"):
         raise ProtocolError("heartbeat: state must be 'idle' or 'busy'")
     _field(msg, "job", int, optional=True)
+    _number(msg, "pending", optional=True)  # events the agent holds that the site has not acknowledged
 
 
 def _accepted(msg: dict) -> None:
@@ -80,11 +87,14 @@ def _events(msg: dict) -> None:
             raise ProtocolError("events: seq must increase within a message")
         last = seq
         _field(item, "job", int)
-        event = _field(item, "event", dict)
+    good, rejected = [], []
+    for item in items:
         try:
-            item["event"] = catalogue.parse(event, EVENT_TYPES).to_message()
+            item["event"] = catalogue.parse(item.get("event"), EVENT_TYPES).to_message()
+            good.append(item)
         except catalogue.EventError as exc:
-            raise ProtocolError(f"events: {exc}") from None
+            rejected.append((item["seq"], str(exc)))
+    msg["events"], msg["rejected"], msg["last_seq"] = good, rejected, last
 
 
 CHECKS = {"hello": _hello, "heartbeat": _heartbeat, "accepted": _accepted, "events": _events}
@@ -96,14 +106,38 @@ def parse(text: str | None, limit: int) -> dict:
         raise ProtocolError("binary frames are not part of the protocol; send JSON text")
     if len(text) > limit:
         raise ProtocolError(f"message of {len(text)} bytes is over the limit of {limit}; send smaller batches")
-    try:
-        msg = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ProtocolError(f"not valid JSON ({exc.msg} at position {exc.pos})") from None
+    msg = strict_json(text)
     if not isinstance(msg, dict):
         raise ProtocolError("a message must be a JSON object with a 'type'")
     check = CHECKS.get(msg.get("type"))
     if check is None:
-        raise ProtocolError(f"unknown message type {msg.get('type')!r}; expected one of {', '.join(CHECKS)}")
+        raise ProtocolError(f"unknown message type {str(msg.get('type'))[:40]!r}; expected one of {', '.join(CHECKS)}")
     check(msg)
     return msg
+
+
+def strict_json(text: str):
+    """JSON as the protocol allows it: finite numbers, integers of at most MAX_DIGITS digits, bounded nesting."""
+    try:
+        return json.loads(text, parse_constant=_no_constant, parse_int=_bounded_int, parse_float=_finite_float)
+    except json.JSONDecodeError as exc:
+        raise ProtocolError(f"not valid JSON ({exc.msg} at position {exc.pos})") from None
+    except RecursionError:
+        raise ProtocolError("JSON nested too deeply") from None
+
+
+def _no_constant(name: str):
+    raise ProtocolError(f"{name} is not a JSON number; send finite numbers (or null)")
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_DIGITS:
+        raise ProtocolError(f"an integer of {len(text.lstrip('-'))} digits is out of range (at most {MAX_DIGITS})")
+    return int(text)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ProtocolError(f"{text[:20]} is not a finite number")
+    return value

@@ -73,9 +73,11 @@ def upload_part(request, job_id: int):
     device = Device.for_credential(bearer(request.headers.get("Authorization")))
     if device is None:
         return error(401, "unknown or revoked device credential")
-    row = JobDevice.objects.filter(job_id=job_id, device=device).first()
+    row = JobDevice.objects.filter(job_id=job_id, device=device).select_related("job").first()
     if row is None:
         return error(404, f"device {device.name} has no part in job {job_id}")
+    if row.job.finished:
+        return error(409, f"job {job_id} is {row.job.status}: it takes no more parts")
     limit = settings.ASTEROID_MAX_PART_BYTES
     length = int(request.headers.get("Content-Length") or 0)
     if length > limit:

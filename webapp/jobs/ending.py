@@ -84,3 +84,17 @@ def device_lost(device: Device, why: str) -> None:
         job = Job.objects.filter(pk=device.job_id).first()
         if job is not None and job.status in Job.ACTIVE:
             fail(job, f"device {device.name} {why}")
+
+
+def reconcile(device: Device, running: int | None, restarted: bool) -> None:
+    """What a device's agent says it runs, against what the site thinks: a device that should be taking part
+    in an active job while its agent runs nothing of it (a new agent process, or an agent that reports idle
+    with every event acknowledged) has lost its part, and the job fails with that reason."""
+    if not device.job_id or running == device.job_id:
+        return
+    row = JobDevice.objects.filter(job_id=device.job_id, device=device).select_related("job").first()
+    accepted = (JobDevice.State.STARTING, JobDevice.State.TRAINING)  # it had taken its part
+    if row is None or row.job.status not in Job.ACTIVE or row.state not in accepted:
+        return
+    says = "was restarted" if restarted else f"reports it runs {f'job {running}' if running else 'nothing'}"
+    fail(row.job, f"device {row.name} lost its part of the run: its agent {says} (the site restarted, or the board)")

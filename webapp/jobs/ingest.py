@@ -10,38 +10,51 @@ from django.db import transaction
 from webapp.devices.models import Device
 from webapp.jobs.ending import fail, finish, release
 from webapp.jobs.models import Job, JobDevice, JobEvent
-from webapp.jobs.notify import browser_event, job_log, notify
+from webapp.jobs.notify import browser_event, held, job_log, notify
 
 log = logging.getLogger(__name__)
 
 
-def record_events(device: Device, items: list[dict]) -> int:
-    """Store a batch of sequenced events from `device`'s agent, drop duplicates, relay them; returns the
-    highest seq now stored (what to acknowledge)."""
-    fresh = [it for it in items if it["seq"] > device.last_seq]
-    if not fresh:
+# Events of a finished job that still mean something: a device's own failure may replace a lost peer as the
+# reason (`fail(..., overrule=True)`), and a device's end frees it. Steps and iterations of a finished job,
+# which would change its record (its trace, its charts) after the fact, are dropped.
+AFTER_THE_END = ("device-done", "device-error", "job-stopped")
+
+
+def record_events(device: Device, items: list[dict], through: int | None = None) -> int:
+    """Store a batch of sequenced, checked events from `device`'s agent and apply them in one transaction,
+    drop duplicates, relay them; returns the highest seq now stored (what to acknowledge). `through`: the
+    batch's highest seq, counting events that were rejected as malformed (acknowledged, never stored)."""
+    top = max([it["seq"] for it in items] + [through or 0])
+    if top <= device.last_seq:
         return device.last_seq
-    jobs = {r.job_id: r for r in JobDevice.objects.filter(device=device, job_id__in={it["job"] for it in fresh})}
+    fresh = [it for it in items if it["seq"] > device.last_seq]
+    rows = JobDevice.objects.filter(device=device, job_id__in={it["job"] for it in fresh}).select_related("job")
+    jobs = {r.job_id: r for r in rows}
     stored, steps = [], {}
     for it in fresh:
         ev, row = it["event"], jobs.get(it["job"])
         if row is None:
             log.warning("device %s sent an event for job %s, which it is not part of; dropped", device.name, it["job"])
             continue
+        if row.job.finished and ev["type"] not in AFTER_THE_END:
+            continue
+        if "device" in ev:
+            ev["device"] = row.name  # what it says about itself, under the name its job knows it by
         stored.append(JobEvent(job_id=row.job_id, device=device.name, type=ev["type"], data=ev))
         if ev["type"] == "step":
             steps.setdefault(row.job_id, []).append(browser_event(ev))
-    with transaction.atomic():
+    # A stored event is an applied one: both happen, or neither; watchers hear of them once they have.
+    with held(), transaction.atomic():
         JobEvent.objects.bulk_create(stored)
-        last = max(it["seq"] for it in fresh)
-        Device.objects.filter(pk=device.pk).update(last_seq=last)
-        device.last_seq = last
-    for job_id, batch in steps.items():
-        notify(job_id, {"type": "steps", "steps": batch})
-    for ev in stored:
-        if ev.type != "step":
-            _apply(jobs[ev.job_id], ev.data)
-    return last
+        Device.objects.filter(pk=device.pk).update(last_seq=top)
+        for job_id, batch in steps.items():
+            notify(job_id, {"type": "steps", "steps": batch})
+        for ev in stored:
+            if ev.type != "step":
+                _apply(jobs[ev.job_id], ev.data)
+    device.last_seq = top
+    return top
 
 
 def _device_state(row: JobDevice, state: str, **fields) -> None:

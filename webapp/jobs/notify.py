@@ -2,16 +2,43 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Iterator
+
 from django.utils import timezone
 
 from engine import events
 from webapp.jobs.models import Job, JobEvent
 from webapp.lib.groups import group_send
 
+_held = threading.local()
+
 
 def notify(job_id: int, message: dict) -> None:
-    """To every browser (or script) watching the job."""
-    group_send(f"job.{job_id}", "job.message", message)
+    """To every browser (or script) watching the job (after the block, inside `held()`)."""
+    messages = getattr(_held, "messages", None)
+    if messages is not None:
+        messages.append((job_id, message))
+    else:
+        group_send(f"job.{job_id}", "job.message", message)
+
+
+@contextlib.contextmanager
+def held() -> Iterator[None]:
+    """Hold the notifications of the block and send them, in order, once it has finished (its transaction
+    committed); a block that fails sends none: watchers never hear of what was not stored."""
+    if getattr(_held, "messages", None) is not None:  # nested: the outer block sends them
+        yield
+        return
+    _held.messages = []
+    try:
+        yield
+        messages, _held.messages = _held.messages, None
+        for job_id, message in messages:
+            group_send(f"job.{job_id}", "job.message", message)
+    finally:
+        _held.messages = None
 
 
 def job_log(job: Job, message: str, level: str = "info") -> None:

@@ -10,6 +10,7 @@ from django.http import FileResponse, Http404, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
+from engine.errors import UserError
 from engine.events import StepEvent, chrome_trace
 from webapp.jobs import ending, figures, launching, rows
 from webapp.jobs.artifacts import model_path
@@ -121,7 +122,12 @@ def job_trace(request, job_id: int):
     """Every measured step of the run as a Chrome trace (chrome://tracing, https://ui.perfetto.dev)."""
     job = _job(request, job_id)
     rows = JobEvent.objects.filter(job=job, type="step").values_list("data", flat=True)
-    steps = [StepEvent.from_message(ev) for ev in rows.iterator()]
+    steps = []
+    for ev in rows.iterator():
+        try:
+            steps.append(StepEvent.from_message(ev))
+        except UserError:  # stored before the site checked events: left out of the trace
+            continue
     if not steps:
         raise Http404("this job has no measured steps")
     trace = chrome_trace(steps, job.device_names, f"job {job.pk}: {job.plan['method']} {job.model}")

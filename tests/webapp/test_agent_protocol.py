@@ -1,0 +1,206 @@
+"""The agent socket under hostile input: strict JSON, per-event checks, a stream that never jams, events stored
+only when applied, spoofing and finished jobs, jobs reconciled with what agents say they run; and a fuzz test."""
+
+import itertools
+import json
+
+import pytest
+from asgiref.sync import async_to_sync
+from django.test import Client
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.webapp.test_sockets import HELLO, agent_socket, enrolled, running_job, say
+from webapp.devices.models import Device
+from webapp.jobs.models import Job, JobDevice, JobEvent
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+STEP = {"type": "step", "device": "tx2-0", "stage": 0, "micro_batch": 0, "kind": "F", "start": 0.0, "end": 0.1,
+        "peer": "", "iteration": 0}  # fmt: skip
+PROBE = "events: send 1 to 200 events per message, got 0"
+DONE = {"type": "device-done", "device": "tx2-0", "late_steps": 0, "steps": 2, "part": False}
+
+
+def batch(*events, first: int = 1, job: int = 0) -> dict:
+    return {"type": "events", "events": [{"seq": first + k, "job": job, "event": ev} for k, ev in enumerate(events)]}
+
+
+def talk(credential: str, *texts: str, session: str = "s1") -> list[dict]:
+    """Say hello, send each text frame, and collect every reply (the socket must stay open throughout)."""
+
+    async def run():
+        ws = agent_socket(credential)
+        assert (await ws.connect())[0]
+        assert (await say(ws, {**HELLO, "session": session}))["type"] == "welcome"
+        for text in texts:
+            await ws.send_to(text_data=text)
+        # A probe: the site answers messages in order, so every reply to the texts comes before the probe's.
+        await ws.send_json_to({"type": "events", "events": []})
+        replies = []
+        while (reply := await ws.receive_json_from(20))["message" if "message" in reply else "type"] != PROBE:
+            replies.append(reply)
+        await ws.disconnect()
+        return replies
+
+    return async_to_sync(run)()
+
+
+def test_a_diverged_loss_neither_jams_the_stream_nor_stops_the_job(bob):
+    device, credential = enrolled()
+    job = running_job(bob, [device])
+    nan = '{"type": "events", "events": [{"seq": 1, "job": JOB, "event": {"type": "iteration", "iteration": 0, '
+    nan = (nan + '"loss": NaN, "iteration_s": 0.1, "throughput": 80.0}}]}').replace("JOB", str(job.pk))
+    diverged = {"type": "iteration", "iteration": 0, "loss": None, "iteration_s": 0.1, "throughput": 80.0}
+    garbled = {**diverged, "iteration": 1, "loss": "x"}
+    replies = talk(credential, nan, json.dumps(batch(diverged, garbled, DONE, job=job.pk)))
+    assert replies[0]["type"] == "error" and "NaN" in replies[0]["message"]  # the frame: not JSON the site takes
+    assert (
+        replies[1]["type"] == "error" and "event 2 dropped" in replies[1]["message"] and "loss" in replies[1]["message"]
+    )
+    assert replies[2] == {"type": "ack", "seq": 3}  # the bad event is acknowledged, never stored: nothing jams
+    assert list(JobEvent.objects.filter(job=job).exclude(type="log").values_list("type", flat=True)) == [
+        "iteration", "device-done"
+    ]  # fmt: skip
+    job.refresh_from_db()
+    assert job.status == "completed" and job.latest["loss"] is None  # the device-done behind it was applied
+
+
+@pytest.mark.parametrize(
+    "text, word",
+    [
+        ('{"type": "heartbeat", "state": "idle", "job": ' + "9" * 5000 + "}", "digits"),
+        ("[" * 50_000 + "]" * 50_000, "nested"),
+        ('{"type": "events", "events": [{"seq": 1000000000000000000000000000000, "job": 1, "event": {}}]}', "digits"),
+        ('{"type": "heartbeat", "state": "idle", "job": 1e400}', "finite"),
+        ('{"type": "heartbeat", "state": "idle", "job": "one"}', "wrong type"),
+        ('{"type": "heartbeat", "state": "idle", "job": Infinity}', "Infinity"),
+    ],
+)
+def test_hostile_frames_get_an_error_reply_and_the_socket_stays_open(text, word):
+    _, credential = enrolled()
+    (reply,) = talk(credential, text)
+    assert reply["type"] == "error" and word in reply["message"]
+
+
+def test_bad_event_fields_are_dropped_one_by_one(bob):
+    device, credential = enrolled()
+    job = running_job(bob, [device])
+    huge_iteration = {"type": "iteration", "iteration": 0, "loss": 2.0, "iteration_s": -1.0, "throughput": 1.0}
+    replies = talk(credential, json.dumps(batch(huge_iteration, {"type": "nope"}, STEP, job=job.pk)))
+    assert [r["type"] for r in replies] == ["error", "error", "ack"] and replies[-1]["seq"] == 3
+    assert JobEvent.objects.filter(job=job, type="step").count() == 1
+    assert not JobEvent.objects.filter(job=job, type="iteration").exists()
+
+
+def test_a_device_cannot_spoof_steps_nor_write_into_finished_jobs(bob, client):
+    device, credential = enrolled()
+    other, _ = enrolled("nx-0", "jetson-xavier-nx")
+    job = running_job(bob, [device, other])
+    spoof = {**STEP, "device": "nx-0", "evil": "<a href=x>"}
+    talk(credential, json.dumps(batch(spoof, job=job.pk)))
+    (stored,) = JobEvent.objects.filter(job=job, type="step").values_list("data", flat=True)
+    assert stored["device"] == "tx2-0" and "evil" not in stored  # its own name; the catalogue's fields only
+    Job.objects.filter(pk=job.pk).update(status="completed")
+    talk(credential, json.dumps(batch({**STEP, "device": "ghost"}, first=2, job=job.pk)))
+    assert JobEvent.objects.filter(job=job, type="step").count() == 1  # a finished job's record stays as it was
+    client.force_login(bob)
+    trace = client.get(f"/jobs/{job.pk}/trace.json")
+    assert trace.status_code == 200 and len([e for e in trace.json()["traceEvents"] if e.get("ph") == "X"]) == 1
+    upload = Client().post(f"/api/agent/jobs/{job.pk}/part/", b"x", content_type="application/octet-stream",
+                           HTTP_AUTHORIZATION=f"Bearer {credential}")  # fmt: skip
+    assert upload.status_code == 409 and "completed" in upload.json()["error"]
+
+
+def test_an_agent_restarted_mid_job_fails_the_job_and_frees_its_devices(bob):
+    a, cred_a = enrolled()
+    b, _ = enrolled("nx-0", "jetson-xavier-nx")
+    job = running_job(bob, [a, b])
+    JobDevice.objects.filter(job=job).update(state="training")
+    talk(cred_a, session="s1")  # the agent that took the job, reconnecting
+    job.refresh_from_db()
+    assert job.status == "running"  # the same agent process: nothing lost
+    talk(cred_a, session="s2")  # a new agent process (the site or the board restarted): its part is gone
+    job.refresh_from_db()
+    assert job.status == "failed" and "tx2-0 lost its part of the run" in job.message
+    assert set(Device.objects.values_list("job", flat=True)) == {None}
+
+
+def test_an_idle_heartbeat_with_nothing_pending_fails_the_job_it_left(bob):
+    device, credential = enrolled()
+    job = running_job(bob, [device])
+    JobDevice.objects.filter(job=job).update(state="training")
+    beat = {"type": "heartbeat", "state": "idle", "job": None}
+    talk(credential, json.dumps({**beat, "pending": 3}), json.dumps(beat))  # events on their way; an old agent
+    job.refresh_from_db()
+    assert job.status == "running"
+    talk(credential, json.dumps({**beat, "state": "busy", "job": job.pk, "pending": 0}))
+    job.refresh_from_db()
+    assert job.status == "running"
+    talk(credential, json.dumps({**beat, "pending": 0}))
+    job.refresh_from_db()
+    assert job.status == "failed" and "reports it runs nothing" in job.message
+
+
+# -- fuzz ------------------------------------------------------------------------------------------------------
+
+scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(min_value=-(10**30), max_value=10**30), st.floats(), st.text(max_size=12)
+)
+values = st.recursive(
+    scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+SESSIONS = itertools.count()
+EVENT_KINDS = ["device-start", "step", "iteration", "device-done", "device-error", "job-stopped", "run-stop", "x"]
+FIELDS = ["device", "stage", "micro_batch", "kind", "start", "end", "iteration", "loss", "iteration_s", "throughput",
+          "late_steps", "steps", "message", "cause", "reason", "rank", "dilation", "part"]  # fmt: skip
+VALID = [STEP, DONE, {"type": "iteration", "iteration": 0, "loss": 2.0, "iteration_s": 0.1, "throughput": 80.0},
+         {"type": "device-start", "device": "tx2-0", "rank": 0, "stage": 0, "dilation": 10.0, "pid": 1},
+         {"type": "device-error", "device": "tx2-0", "iteration": 1, "message": "x", "cause": "peer"},
+         {"type": "job-stopped", "device": "tx2-0", "reason": "cancelled"}]  # fmt: skip
+events = st.one_of(
+    st.fixed_dictionaries({"type": st.sampled_from(EVENT_KINDS)}, optional={f: values for f in FIELDS}),
+    st.sampled_from(VALID),  # real events, so that storing and applying are exercised too
+    st.builds(lambda ev, k, v: {**ev, k: v}, st.sampled_from(VALID), st.sampled_from(FIELDS), values),  # one field off
+)
+items = st.fixed_dictionaries({"seq": st.integers(-2, 10**20), "job": st.integers(-1, 10**20), "event": events})
+messages = st.one_of(
+    st.fixed_dictionaries({"type": st.just("events"), "events": st.lists(items, max_size=5)}),
+    st.fixed_dictionaries({"type": st.sampled_from(["heartbeat", "accepted", "hello", "x"])},
+                          optional={k: values for k in ("state", "job", "port", "session", "pending", "kind")}),
+    values,
+)  # fmt: skip
+
+
+def _frame(msg, job_id: int) -> str:
+    if isinstance(msg, dict) and msg.get("type") == "events":  # point most events at the fuzzed device's job
+        renumber = bool(msg["events"]) and msg["events"][0]["seq"] % 4 != 0  # mostly well-ordered seqs
+        for k, it in enumerate(msg["events"], 1):
+            if it["job"] >= 0 and it["job"] % 3:
+                it["job"] = job_id
+            if renumber:
+                it["seq"] = k
+    return json.dumps(msg)  # NaN and Infinity included: Python writes them
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(msgs=st.lists(messages, min_size=1, max_size=4))
+def test_fuzzed_agent_messages_are_answered_and_never_store_what_is_not_applied(bob, alice, msgs):
+    n = next(SESSIONS)  # a fresh device, job and bystander job per example
+    device, credential = enrolled(f"tx2-{n}")
+    other, _ = enrolled(f"nx-{n}", "jetson-xavier-nx")
+    job, bystander = running_job(bob, [device]), running_job(alice, [other])
+    replies = talk(credential, *[_frame(m, job.pk) for m in msgs])
+    assert all(isinstance(r, dict) and "type" in r for r in replies)
+    for ev in JobEvent.objects.filter(job=job).exclude(type="log"):
+        assert ev.device == device.name and ev.data.get("device", device.name) == device.name
+    kinds = set(JobEvent.objects.filter(job=job).values_list("type", flat=True))
+    job.refresh_from_db()
+    if kinds & {"device-done", "device-error"}:  # stored means applied: its only device ended, so did the job
+        assert job.finished
+    if "iteration" in kinds and job.status == "running":
+        assert job.latest.get("type") == "iteration"
+    bystander.refresh_from_db()
+    assert bystander.status == "running" and not JobEvent.objects.filter(job=bystander).exclude(type="log").exists()
