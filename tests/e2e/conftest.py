@@ -17,6 +17,7 @@ from webapp.embedded_redis import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 ADMIN_PASSWORD = "e2e-admin-password-1"
+READY = "Press Ctrl-C to stop."
 
 
 class System:
@@ -53,39 +54,57 @@ class System:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
 
 
-@pytest.fixture(scope="module")
-def system(tmp_path_factory, profile_cache):
-    """`python -m webapp.startsite` with cluster C's emulated agents, all online; stopped (SIGTERM) at the end."""
-    var = tmp_path_factory.mktemp("var")
-    port = free_port()
+def site_env(var: Path, port: int, profile_cache: Path, cluster: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
     env.update(
         ASTEROID_VAR_DIR=str(var),
         ASTEROID_PORT=str(port),
         ASTEROID_ADMIN_PASSWORD=ADMIN_PASSWORD,
-        ASTEROID_CLUSTER=os.environ.get("ASTEROID_E2E_CLUSTER", "C"),
+        ASTEROID_CLUSTER=cluster,
         ASTEROID_CACHE_DIR=str(profile_cache),  # the quick profile: planning and agents skip profiling
         ASTEROID_HEARTBEAT_S="2",
         PYTHONUNBUFFERED="1",
     )
-    log = var / "system.log"
-    with open(log, "w") as out:
+    return env
+
+
+def start_system(env: dict, log: Path) -> System:
+    """`python -m webapp.startsite` in `env`, once it serves and every agent is online."""
+    starts = log.read_text().count(READY) if log.exists() else 0  # a restart appends to the same log
+    with open(log, "a") as out:
         proc = subprocess.Popen([sys.executable, "-m", "webapp.startsite"], cwd=ROOT, env=env, stdout=out,
                                 stderr=subprocess.STDOUT)  # fmt: skip
-    system = System(f"http://127.0.0.1:{port}", proc, env, log)
+    system = System(f"http://127.0.0.1:{env['ASTEROID_PORT']}", proc, env, log)
     try:
-        system.wait("the site", lambda: "Press Ctrl-C to stop." in log.read_text(), 90)
+        system.wait("the site", lambda: log.read_text().count(READY) > starts, 90)
         system.token = system.manage("createtoken", "admin").strip().splitlines()[-1]
         system.wait(
             "every agent online",
             lambda: all(d["status"] == "online" for d in system.api("/api/devices/")["devices"]),
             120,
         )
+    except BaseException:
+        stop_system(system)
+        raise
+    return system
+
+
+def stop_system(system: System) -> None:
+    system.proc.terminate()
+    try:
+        system.proc.wait(30)
+    except subprocess.TimeoutExpired:
+        system.proc.kill()
+        system.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def system(tmp_path_factory, profile_cache):
+    """`python -m webapp.startsite` with cluster C's emulated agents, all online; stopped (SIGTERM) at the end."""
+    var = tmp_path_factory.mktemp("var")
+    env = site_env(var, free_port(), profile_cache, os.environ.get("ASTEROID_E2E_CLUSTER", "C"))
+    system = start_system(env, var / "system.log")
+    try:
         yield system
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_system(system)

@@ -90,6 +90,10 @@ def _apply(row: JobDevice, ev: dict) -> None:
         else:
             fail(job, f"device {row.name} lost a peer{where}: {ev.get('message')}")
     elif kind == "job-stopped":
-        if row.state not in (JobDevice.State.DONE, JobDevice.State.FAILED):
+        unfinished = row.state not in (JobDevice.State.DONE, JobDevice.State.FAILED)
+        if unfinished:
             _device_state(row, JobDevice.State.STOPPED)
         release(Device.objects.filter(pk=row.device_id, job=job))
+        if unfinished and job.status in Job.ACTIVE:  # its part is gone while the job runs: it cannot finish
+            why = {"agent-stopped": "its agent stopped", "died": "its device process died"}.get(ev["reason"])
+            fail(job, f"device {row.name} lost its part of the run: {why or ev['reason']}")
