@@ -126,6 +126,8 @@ ASTEROID_MISSED_HEARTBEATS = 3  # a device this many heartbeats late is offline
 ASTEROID_ACCEPT_TIMEOUT_S = env_int("ASTEROID_ACCEPT_TIMEOUT_S", 60, minimum=1)  # for agents to accept a launch
 ASTEROID_RUN_TIMEOUT_S = env_int("ASTEROID_RUN_TIMEOUT_S", 60, minimum=1)  # the runtime's rendezvous timeout
 ASTEROID_AGENT_MAX_MESSAGE = 256 * 1024  # bytes of one agent message; larger ones are rejected
+# Events one agent may send per second on average (twice that in a burst); more wait, none are lost.
+ASTEROID_AGENT_EVENTS_PER_S = env_int("ASTEROID_AGENT_EVENTS_PER_S", 1000, minimum=1)
 ASTEROID_MAX_PART_BYTES = env_int("ASTEROID_MAX_PART_BYTES", 2 * 1024**3, minimum=1)  # one uploaded model part
 ASTEROID_JOBS_DIR = VAR_DIR / "jobs"  # each job's uploaded parts and assembled model
 

@@ -204,3 +204,11 @@ def test_fuzzed_agent_messages_are_answered_and_never_store_what_is_not_applied(
         assert job.latest.get("type") == "iteration"
     bystander.refresh_from_db()
     assert bystander.status == "running" and not JobEvent.objects.filter(job=bystander).exclude(type="log").exists()
+
+
+def test_an_agent_over_its_event_rate_is_slowed_down_not_dropped():
+    from webapp.lib.pace import Pace
+
+    pace = Pace(rate=100, burst=200)
+    assert pace.delay(150) == 0 and pace.delay(50) == 0  # the burst
+    assert pace.delay(100) == pytest.approx(1.0, abs=0.05)  # 100 past the budget: a second's worth at 100/s

@@ -17,6 +17,7 @@ from webapp.devices.protocol import ProtocolError, parse
 from webapp.jobs.ending import reconcile
 from webapp.jobs.ingest import record_events
 from webapp.jobs.launching import accepted
+from webapp.lib.pace import Pace
 from webapp.lib.tokens import bearer
 
 log = logging.getLogger(__name__)
@@ -105,6 +106,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
         self.welcomed = False
+        # Events past the agent's share wait their turn: its acks slow down and its outbox holds the rest.
+        self.pace = Pace(settings.ASTEROID_AGENT_EVENTS_PER_S, 2 * settings.ASTEROID_AGENT_EVENTS_PER_S)
 
     async def disconnect(self, code):
         if self.device is not None:
@@ -129,6 +132,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         elif msg["type"] == "accepted":
             await _accepted(self.device, msg)
         elif msg["type"] == "events":
+            await self.pace.take(len(msg["events"]) + len(msg["rejected"]))
             for seq, why in msg["rejected"]:  # acknowledged below all the same: the stream goes on without it
                 log.warning("device %s: dropped event %d: %s", self.device.name, seq, why)
                 await self.send_json({"type": "error", "message": f"event {seq} dropped: {why}"})
