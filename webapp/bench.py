@@ -762,6 +762,7 @@ def summarize(args, sent: dict, records: list, agent: Agent, messages: dict, sta
     duration = max(sent_at.values()) - t0 if sent_at else 0.0
     window = min(WINDOW_S, args.seconds / 2)
     all_s, first_s, last_s, per_subscriber = [], [], [], []
+    by_second: dict[int, list[float]] = {}  # latencies by the second (since the first send) they were sent in
     for mine in records:
         lat = []
         for iteration, received in mine:
@@ -775,6 +776,7 @@ def summarize(args, sent: dict, records: list, agent: Agent, messages: dict, sta
                 first_s.append(delay)
             if offset >= args.seconds - window:
                 last_s.append(delay)
+            by_second.setdefault(int(offset), []).append(delay)
         all_s.extend(lat)
         per_subscriber.append(latency_stats(lat)["p99"])
     stats = latency_stats(all_s)
@@ -791,7 +793,12 @@ def summarize(args, sent: dict, records: list, agent: Agent, messages: dict, sta
             "grace_s": GRACE_S,
             "window_s": window,
         },
-        "host": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+        "host": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "load_average_1min": _load_average(),  # at the end: other work on the host skews every number
+        },
         "sent": {
             "events": events,
             "messages": sent["messages"],
@@ -808,12 +815,20 @@ def summarize(args, sent: dict, records: list, agent: Agent, messages: dict, sta
         "first_window": {"seconds": window, **latency_stats(first_s)},
         "last_window": {"seconds": window, **latency_stats(last_s)},
         "subscriber_p99_ms": {"min": min(known), "max": max(known)} if known else None,
+        "p99_by_second_ms": [latency_stats(by_second.get(k, []))["p99"] for k in range(int(duration) + 1)],
         "messages": messages,
         "job_statuses": statuses,
         "subscribers_ended": ended,
         "site_errors": agent.errors[:20],
         "unexpected": agent.unexpected[:20],
     }
+
+
+def _load_average() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (OSError, AttributeError):
+        return None
 
 
 def _ms(value) -> str:
@@ -837,7 +852,7 @@ def render(result: dict) -> str:
     ack = result["ack_ms"]
     lines = [
         f"live event latency: job {result.get('job')}, device {result.get('device')}, {result.get('date', '')[:19]}Z, "
-        f"{result['host']['cpus']} CPUs",
+        f"{result['host']['cpus']} CPUs, load average {result['host']['load_average_1min']} at the end",
         f"sent {s['events']} iteration events in {s['messages']} messages over {s['seconds']:.1f} s "
         f"({s['rate']} events/s; sender behind schedule p99 {_ms(s['late_p99_ms'])} ms, "
         f"max {_ms(s['late_max_ms'])} ms)",

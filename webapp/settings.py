@@ -1,5 +1,6 @@
 """Django settings, read from the environment (see README "Configuration"); defaults run on one laptop."""
 
+from datetime import timedelta
 from pathlib import Path
 
 import plotly
@@ -24,6 +25,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "channels",
+    "axes",  # login throttling and the log of failed logins (below)
     "webapp.accounts",
     "webapp.devices",
     "webapp.jobs",
@@ -31,6 +33,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "webapp.accounts.api_errors.ApiErrors",  # first: it sees every /api/ error, whichever layer made it
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -38,6 +41,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "axes.middleware.AxesMiddleware",  # last: turns a locked-out login into the lockout page
 ]
 
 ROOT_URLCONF = "webapp.urls"
@@ -78,6 +82,20 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+
+# Login throttling (django-axes): 5 failed logins for one username from one IP address lock that pair out for 15
+# minutes (any attempt while locked starts the 15 minutes again); a success clears the count. Every failure is logged
+# (warning "AXES: ... login failure") and kept in the database (admin: Axes; `manage.py axes_reset_username USER`
+# unlocks). Only password logins pass through it: API tokens and the agents' credentials never call authenticate().
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
+AXES_FAILURE_LIMIT = 5
+AXES_COOLOFF_TIME = timedelta(minutes=15)
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]  # the pair: a guesser elsewhere cannot lock a user out
+AXES_RESET_ON_SUCCESS = True
+AXES_ENABLE_ACCESS_FAILURE_LOG = True
+AXES_SENSITIVE_PARAMETERS = []  # the log line names the username and address, as sshd's does; never the password
+AXES_LOCKOUT_CALLABLE = "webapp.accounts.views.locked_out"
+AXES_VERBOSE = False  # no banner on stderr at every start: errors of the launcher stay one line
 
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "home"

@@ -10,7 +10,6 @@ through webapp/env.py.
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import signal
@@ -18,13 +17,16 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
+from engine.errors import UserError
 from webapp.children import spawn, stop
 from webapp.embedded_redis import EmbeddedRedis, RedisStartError
 from webapp.env import env_choice, env_port, env_str
+from workers.enroll import State, load_state, save_state
 
 HOST = "127.0.0.1"
 ADMIN = "admin"
@@ -130,17 +132,20 @@ def agent_commands(cluster, server: str, state_dir: Path) -> dict[str, list[str]
         state = state_dir / f"{d.name}.json"
         args = [sys.executable, "-m", "workers.agent", "--server", server, "--emulate", SHORT[d.kind]]
         args += ["--state", str(state)]
-        if Device.for_credential(_saved_credential(state)) != device:
+        saved = _saved_state(state)
+        if saved is None or Device.for_credential(saved.credential) != device:
             state.unlink(missing_ok=True)
             args += ["--token", device.issue_enrollment()]
+        elif saved.server != server:  # the credential is this site's, wherever it is served now
+            save_state(state, replace(saved, server=server))
         commands[d.name] = args
     return commands
 
 
-def _saved_credential(state: Path) -> str | None:
+def _saved_state(path: Path) -> State | None:
     try:
-        return json.loads(state.read_text()).get("credential")
-    except (OSError, ValueError, AttributeError):
+        return load_state(path)
+    except UserError:  # unreadable or not a state file: enrolled afresh
         return None
 
 
@@ -183,7 +188,11 @@ def serve(port: int, redis_url: str, redis_note: str, admin_password: str | None
                     raise StartError(f"{name} exited with code {proc.returncode}; stopping")
             for name, proc in list(agents.items()):
                 if proc.poll() is not None:  # a device going away is something the site shows, not a reason to stop
-                    print(f"warning: the agent of {name} exited with code {proc.returncode}", flush=True)
+                    print(
+                        f"warning: the agent of {name} exited with code {proc.returncode} (its error is above): "
+                        f"{name} stays offline until the site is started again",
+                        flush=True,
+                    )
                     del agents[name]
             time.sleep(0.5)  # supervision interval: how soon a crashed child is noticed
     except Stop as sig:

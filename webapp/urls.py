@@ -2,8 +2,9 @@
 
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
-from django.urls import path
+from django.urls import path, re_path
 
+from webapp.accounts import api_errors
 from webapp.accounts import views as accounts
 from webapp.agents import views as agents
 from webapp.devices import api as devices_api
@@ -39,6 +40,7 @@ urlpatterns = [
     path("api/jobs/<int:job_id>/cancel/", jobs_api.cancel),
     path("api/agent/enroll/", devices_api.enroll),
     path("api/agent/jobs/<int:job_id>/part/", jobs_api.upload_part),
+    re_path(r"^api/", api_errors.not_found),  # after every API route: the rest of /api/ is a JSON 404
     path("accounts/login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),

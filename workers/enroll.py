@@ -118,6 +118,11 @@ def obtain(site: Site, token: str | None, path: Path) -> State:
         save_state(path, state)
         return state
     if known is None:
-        where = f"{path} is for {state.server}" if state is not None else f"no state file {path}"
-        raise UserError(f"no credential for {site.url} ({where}): pass --token ENROLLMENT_TOKEN from the site")
+        if state is None:
+            raise UserError(f"no credential for {site.url} (no state file {path}): pass --token ENROLLMENT_TOKEN "
+                            "from the site's Devices page")  # fmt: skip
+        raise UserError(
+            f"no credential for {site.url} ({path} is for {state.server}): if the site moved, pass --token "
+            f"ENROLLMENT_TOKEN from its Devices page; or run with --server {state.server} for the old address"
+        )
     return known

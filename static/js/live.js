@@ -16,7 +16,12 @@
   const ROWS_SHOWN = 10; // iterations in the table beside the charts
   const RETRY_FIRST_MS = 1000;
   const RETRY_MAX_MS = 30000;
-  const NO_RETRY_CODES = [4403, 4404]; // refused: not the user's job, or no such job
+  // Close codes of a refused socket (webapp/jobs/consumers.py): retrying cannot help, so say why and stop.
+  const REFUSED = {
+    4401: ['logged out', 'You are not logged in any more: log in again, then reload this page.'],
+    4403: ['forbidden', 'This job is not yours to watch.'],
+    4404: ['not found', 'There is no such job, or it is not yours.'],
+  };
 
   // Same look as webapp/jobs/figures.py (timeline_figure and the layout helper).
   const FONT = 'system-ui, -apple-system, "Segoe UI", Roboto, sans-serif';
@@ -72,6 +77,16 @@
 
   function hasPlotly() {
     return typeof window.Plotly !== 'undefined';
+  }
+
+  // Agent-supplied names (devices, step kinds, peers) go into Plotly text, which reads <a href>, <b>, <br> as
+  // markup: escaped, a device named <a href=...> shows as that text (Plotly prints the entities as characters).
+  function esc(value) {
+    return String(value)
+      .replace(/&/g, '&amp;')
+      .replace(/</g, '&lt;')
+      .replace(/>/g, '&gt;')
+      .replace(/"/g, '&quot;');
   }
 
   function isNumber(value) {
@@ -338,13 +353,13 @@
   }
 
   function stepHover(s) {
-    const what = { F: 'forward', B: 'backward', send: 'send', recv: 'receive' }[s.kind] || s.kind;
-    let head = s.device + ' · ' + what;
-    if (s.micro_batch >= 0) head += ' micro-batch ' + s.micro_batch;
-    if (s.peer) head += (s.kind === 'send' ? ' to ' : ' from ') + s.peer;
+    const what = { F: 'forward', B: 'backward', send: 'send', recv: 'receive' }[s.kind] || esc(s.kind);
+    let head = esc(s.device) + ' · ' + what;
+    if (s.micro_batch >= 0) head += ' micro-batch ' + esc(s.micro_batch);
+    if (s.peer) head += (s.kind === 'send' ? ' to ' : ' from ') + esc(s.peer);
     const ms = (t) => (t * 1000).toFixed(2);
     return (
-      head + '<br>stage ' + s.stage + ', iteration ' + s.iteration + '<br>' +
+      head + '<br>stage ' + esc(s.stage) + ', iteration ' + esc(s.iteration) + '<br>' +
       ms(s.start) + ' – ' + ms(s.end) + ' ms (' + ms(s.end - s.start) + ' ms)'
     );
   }
@@ -356,11 +371,11 @@
         type: 'bar',
         orientation: 'h',
         name: group,
-        y: chosen.map((s) => s.device),
+        y: chosen.map((s) => esc(s.device)), // category names are printed as tick labels
         x: chosen.map((s) => s.end - s.start),
         base: chosen.map((s) => s.start),
         marker: { color: STEP_COLORS[group], line: { color: '#ffffff', width: 0.5 } },
-        text: chosen.map((s) => (s.kind === 'F' || s.kind === 'B' ? String(s.micro_batch) : '')),
+        text: chosen.map((s) => (s.kind === 'F' || s.kind === 'B' ? esc(s.micro_batch) : '')),
         textposition: 'inside',
         insidetextanchor: 'middle',
         textfont: { color: '#ffffff' },
@@ -386,7 +401,12 @@
       bargap: 0.3,
       uniformtext: { minsize: 8, mode: 'hide' },
       xaxis: axis('device time since the run started (s)'),
-      yaxis: axis('', { categoryorder: 'array', categoryarray: order, autorange: 'reversed', showgrid: false }),
+      yaxis: axis('', {
+        categoryorder: 'array',
+        categoryarray: order.map(esc), // the same escaped names as the bars' y
+        autorange: 'reversed',
+        showgrid: false,
+      }),
       annotations: steps.length
         ? []
         : [{ text: 'no steps yet', xref: 'paper', yref: 'paper', x: 0.5, y: 0.5, showarrow: false,
@@ -510,9 +530,10 @@
     if (live.socket !== socket) return;
     live.socket = null;
     if (live.leaving) return;
-    if (NO_RETRY_CODES.indexOf(event.code) >= 0) {
+    const refused = REFUSED[event.code];
+    if (refused) {
       setSocketState('closed');
-      showStatus('unavailable', 'the server refused this live view (close code ' + event.code + ')');
+      showStatus(refused[0], refused[1]);
       return;
     }
     if (live.finished) {

@@ -9,10 +9,16 @@
   const status = document.getElementById("job-status");
   const message = document.getElementById("job-message");
   const progress = document.getElementById("plan-progress");
+  // Close codes of a refused socket (webapp/jobs/consumers.py): retrying cannot help, so say why and stop.
+  const REFUSED = {
+    4401: "You are not logged in any more: log in again, then reload this page.",
+    4403: "This job is not yours to watch.",
+    4404: "There is no such job, or it is not yours.",
+  };
 
   function show(msg) {
     status.textContent = msg.status;
-    status.className = "status status-" + msg.status;
+    status.className = "status status-" + String(msg.status).replace(/[^a-z-]/g, "");
     if (msg.message !== undefined) message.textContent = msg.message;
     if (progress && typeof msg.progress === "number") progress.value = msg.progress;
     if (!waiting.includes(msg.status)) location.reload();
@@ -21,11 +27,23 @@
   function connect(delay) {
     const ws = new WebSocket(scheme + location.host + box.dataset.wsUrl);
     ws.onmessage = function (e) {
-      const msg = JSON.parse(e.data);
+      let msg;
+      try {
+        msg = JSON.parse(e.data);
+      } catch (err) {
+        return; // not ours to show
+      }
       if (msg.type === "snapshot") show(msg.job);
       else if (msg.type === "status") show(msg);
     };
-    ws.onclose = function () { setTimeout(function () { connect(Math.min(delay * 2, 10000)); }, delay); };
+    ws.onclose = function (e) {
+      if (REFUSED[e.code]) {
+        status.textContent = "unavailable";
+        message.textContent = REFUSED[e.code];
+        return;
+      }
+      setTimeout(function () { connect(Math.min(delay * 2, 10000)); }, delay);
+    };
   }
   connect(500);
 })();

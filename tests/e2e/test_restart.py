@@ -39,3 +39,22 @@ def test_a_job_running_through_a_restart_fails_with_the_reason_and_frees_its_dev
         assert set(final["devices"]) <= set(devices)
     finally:
         stop_system(system)
+
+
+def test_the_emulated_devices_follow_the_site_to_another_port_and_cluster(tmp_path, profile_cache):
+    env = site_env(tmp_path, free_port(), profile_cache, "D")
+    log = tmp_path / "system.log"
+    system = start_system(env, log)  # every agent online (start_system waits for it)
+    try:
+        job = system.api("/api/jobs/", {"model": "mobilenetv2", "batch_size": 16, "iterations": 2})["id"]
+    finally:
+        stop_system(system)
+    # Another port and a larger cluster, the same var/: the credentials are the site's, not the URL's.
+    system = start_system({**env, "ASTEROID_PORT": str(free_port()), "ASTEROID_CLUSTER": "C"}, log)
+    try:
+        names = {d["name"] for d in system.api("/api/devices/")["devices"]}
+        assert names == {"nx-0", "tx2-0", "tx2-1", "nano-0", "nano-1", "nano-2"}  # all online, as waited for
+        assert system.api(f"/api/jobs/{job}/")["id"] == job  # the jobs and the accounts are as they were
+        assert "exited with code" not in log.read_text()
+    finally:
+        stop_system(system)

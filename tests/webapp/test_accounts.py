@@ -1,10 +1,15 @@
-"""API tokens: `manage.py createtoken`, the profile page, revocation."""
+"""Accounts: API tokens (`manage.py createtoken`, the profile page, revocation) and login throttling."""
+
+import logging
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 from django.test import Client
 
 from webapp.accounts.models import ApiToken
+
+from .conftest import PASSWORD
 
 
 def test_createtoken_prints_the_token_last(bob, capsys):
@@ -31,3 +36,36 @@ def test_profile_creates_shows_once_and_revokes(client, bob, carol):
     client.force_login(bob)
     client.post(f"/profile/tokens/{row.pk}/revoke/")
     assert ApiToken.user_for(token) is None
+
+
+def test_five_wrong_passwords_lock_the_login_and_are_logged(client, bob, caplog):
+    from axes.models import AccessAttempt, AccessFailureLog
+
+    caplog.set_level(logging.WARNING, logger="axes")
+    for attempt in range(1, 5):
+        wrong = client.post("/accounts/login/", {"username": "bob", "password": f"guess {attempt}"})
+        assert wrong.status_code == 200 and b"didn't match" in wrong.content
+    assert any("login failure" in r.getMessage() and "bob" in r.getMessage() for r in caplog.records)
+    fifth = client.post("/accounts/login/", {"username": "bob", "password": "guess 5"})
+    assert fifth.status_code == 429 and b"locked for 15 minutes" in fifth.content
+    right = client.post("/accounts/login/", {"username": "bob", "password": PASSWORD})
+    assert right.status_code == 429 and "_auth_user_id" not in client.session
+    assert "Too many failed logins (5) for this username from your address" in right.content.decode()
+    assert AccessAttempt.objects.get(username="bob").failures_since_start >= 5
+    assert AccessFailureLog.objects.filter(username="bob").count() >= 5
+    # Only the password login is locked: bob's API token still works, and another user logs in.
+    _, token = ApiToken.issue(bob)
+    assert Client().get("/api/jobs/", HTTP_AUTHORIZATION=f"Bearer {token}").status_code == 200
+    get_user_model().objects.create_user("dave", "dave@example.com", PASSWORD)
+    other = Client().post("/accounts/login/", {"username": "dave", "password": PASSWORD})
+    assert other.status_code == 302
+
+
+def test_a_success_clears_the_failures(client, bob):
+    for _ in range(4):
+        client.post("/accounts/login/", {"username": "bob", "password": "nope"})
+    assert client.post("/accounts/login/", {"username": "bob", "password": PASSWORD}).status_code == 302
+    client.logout()
+    for _ in range(4):
+        assert client.post("/accounts/login/", {"username": "bob", "password": "nope"}).status_code == 200
+    assert client.post("/accounts/login/", {"username": "bob", "password": PASSWORD}).status_code == 302

@@ -67,6 +67,24 @@ def test_api_adds_devices_with_clear_errors(client, alice):
     assert [d["name"] for d in listed] == ["nano-7"] and listed[0]["enrolled"] is False
 
 
+def test_absurd_memory_or_speed_names_the_field_and_range(client, alice):
+    client.force_login(alice)
+    for field, value in [("memory_gb", 1e306), ("gflops", 1e306), ("memory_gb", 0), ("gflops", "fast")]:
+        body = {"name": "rig", "kind": "custom", "memory_gb": 8, "gflops": 100, field: value}
+        response = client.post("/api/devices/", body, content_type="application/json")
+        assert response.status_code == 400, (field, value, response.content)
+        assert response.json()["error"].startswith(f"{field}: Must be a number from 0.1 to "), response.json()
+    page = client.post("/devices/add/", {"name": "rig", "kind": "custom", "memory_gb": "1e306", "gflops": 100})
+    assert page.status_code == 200 and "Must be a number from 0.1 to 1024." in page.content.decode()
+    assert not Device.objects.exists()
+
+
+def test_unknown_device_is_a_json_404(client, alice):
+    client.force_login(alice)  # was Django's HTML 404 page
+    response = client.post("/api/devices/999/token/")
+    assert response.status_code == 404 and response.json() == {"error": "no device 999"}
+
+
 def test_disable_and_enable(client, alice):
     device = Device.objects.create(name="nano-9", kind="jetson-nano", status="online")
     client.force_login(alice)

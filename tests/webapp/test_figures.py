@@ -328,3 +328,29 @@ def test_timeline_figure_without_steps_says_so():
     assert fig["data"] == []
     assert fig["layout"]["annotations"][0]["text"] == "no steps yet"
     assert fig["layout"]["yaxis"]["categoryarray"] == ["a", "b"]
+
+
+EVIL = '<a href="http://evil.example">x</a>'
+SHOWN = "&lt;a href=&quot;http://evil.example&quot;&gt;x&lt;/a&gt;"  # Plotly prints the entities as the text
+
+
+def test_names_are_escaped_before_plotly_reads_them_as_markup():
+    # Device names went into Plotly's text, hover texts and tick labels as they were: a device named `<a href=...>`
+    # showed a link on the plan and live pages.
+    plan = json.loads(json.dumps(custom_plan()).replace('"big"', json.dumps(EVIL)))
+    steps = [step(EVIL, 0, 0, "send", 0.0, 0.1, EVIL), step("tx2-0", 1, 0, EVIL, 0.1, 0.2)]
+    made = [
+        figures.pipeline_figure(read_plan(plan)),
+        figures.memory_figure(read_plan(plan)),
+        figures.comparison_figure(outcomes({"asteroid": plan, "dp": {"error": f"no plan: {EVIL} is too slow"}})),
+        figures.timeline_figure(steps, [EVIL, "tx2-0"], "t"),
+    ]
+    for fig in made:
+        for trace in fig["data"]:
+            trace.pop("meta", None)  # keeps the raw name for scripts: Plotly does not print it
+        text = json.dumps(fig)
+        assert "<a " not in text and SHOWN in text, text
+    transfers = made[3]["data"][0]
+    assert made[3]["layout"]["yaxis"]["categoryarray"] == [SHOWN, "tx2-0"] and transfers["y"] == [SHOWN, "tx2-0"]
+    assert f"{SHOWN} · send" in transfers["hovertext"][0] and f"to {SHOWN}" in transfers["hovertext"][0]
+    assert f"tx2-0 · {SHOWN}" in transfers["hovertext"][1]  # an unknown step kind, as the agent sent it

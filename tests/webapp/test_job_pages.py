@@ -33,6 +33,16 @@ def test_form_errors_are_on_the_form(client, bob, cluster_c):
     assert "cifar10 needs a 32x32 image model with 10 classes" in page and Job.objects.count() == 0
 
 
+def test_absurd_epochs_is_a_form_error_with_the_range(client, bob, cluster_c):
+    # epochs=1e306 made round(inf) raise OverflowError: a 500 instead of a message on the form.
+    client.force_login(bob)
+    body = {"model": "mobilenetv2", "dataset": "synthetic", "batch_size": 8, "lr": 0.05, "bandwidth_mbps": 1000}
+    for epochs in ("1e306", "1e999", "inf"):
+        page = client.post("/jobs/new/", {**body, "epochs": epochs})
+        assert page.status_code == 200 and "Must be a number from 0.01 to 1000." in page.content.decode(), epochs
+    assert Job.objects.count() == 0
+
+
 def test_no_online_device_is_a_form_error(client, bob):
     client.force_login(bob)
     page = client.post("/jobs/new/", {"model": "mobilenetv2", "dataset": "synthetic", "batch_size": 8, "lr": 0.05,

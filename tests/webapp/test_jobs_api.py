@@ -85,7 +85,7 @@ def test_session_writes_need_csrf_but_tokens_do_not(bob, cluster_c):
     "body, message",
     [
         ({"model": "alexnet", "batch_size": 64, "iterations": 2}, "model: Select a valid choice"),
-        ({"model": "mobilenetv2", "batch_size": 0, "iterations": 2}, "batch_size: Ensure this value is greater"),
+        ({"model": "mobilenetv2", "batch_size": 0, "iterations": 2}, "batch_size: Must be a whole number from 1 to"),
         ({"model": "mobilenetv2", "batch_size": 64}, "iterations: Give the number of iterations or of epochs"),
         ({"model": "bert-small", "dataset": "cifar10", "batch_size": 8, "iterations": 2}, "dataset: cifar10 needs"),
         ({"model": "mobilenetv2", "batch_size": 64, "iterations": 2, "devices": ["nx-9"]}, "devices: Select a valid"),
@@ -149,3 +149,67 @@ def test_launch_refuses_an_offline_device(planned, bob):
     assert response.status_code == 409 and "is offline" in response.json()["error"]
     planned.refresh_from_db()
     assert planned.status == "planned"
+
+
+# Absurd numbers: each is a 400 naming the field and its range, never a 500 (epochs of 1e306 was round(inf)).
+@pytest.mark.parametrize(
+    "given, message",
+    [
+        ('"epochs": 1e306', "epochs: Must be a number from 0.01 to 1000."),
+        ('"iterations": null, "epochs": 1e999', "epochs: Must be a number from 0.01 to 1000."),
+        ('"epochs": NaN', "epochs: Must be a number from 0.01 to 1000."),
+        ('"batch_size": 1e306', "batch_size: Must be a whole number from 1 to 4096."),
+        ('"iterations": 1e20', "iterations: Must be a whole number from 1 to 100000."),
+        ('"lr": -Infinity', "lr: Must be a number from 1e-06 to 10."),
+        ('"lr": "lots"', "lr: Must be a number from 1e-06 to 10."),
+        ('"bandwidth_mbps": 1e306', "bandwidth_mbps: Must be a number from 0.1 to 1000000."),
+    ],
+)
+def test_absurd_numbers_name_the_field_and_its_range(bob, cluster_c, given, message):
+    client = Client()
+    client.force_login(bob)
+    body = '{"model": "mobilenetv2", "batch_size": 8, "iterations": 2, ' + given + "}"  # the last key wins
+    response = client.post("/api/jobs/", body, content_type="application/json")
+    assert response.status_code == 400, response.content
+    assert response.json()["error"] == message
+    assert Job.objects.count() == 0
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        '{"model": "mobilenetv2", "batch_size": ' + "9" * 5000 + "}",  # over Python's int-from-string limit
+        "[" * 100_000,  # nested deeper than the JSON parser recurses
+    ],
+)
+def test_bodies_the_json_parser_chokes_on_are_a_400(bob, body):
+    client = Client()
+    client.force_login(bob)
+    response = client.post("/api/jobs/", body, content_type="application/json")
+    assert response.status_code == 400 and response.json()["error"] == "the request body is not valid JSON"
+
+
+def test_api_errors_are_json_with_their_status(planned, bob, carol, settings):
+    client = Client()
+    client.force_login(carol)
+    for method, url in [("get", f"/api/jobs/{planned.pk}/"), ("post", f"/api/jobs/{planned.pk}/launch/"),
+                        ("get", "/api/jobs/999999/"), ("post", "/api/jobs/999999/cancel/")]:  # fmt: skip
+        response = getattr(client, method)(url)
+        assert response.status_code == 404 and response["Content-Type"] == "application/json", url
+        assert response.json()["error"].startswith("no job "), response.json()
+    for method, url in [("get", "/api/nothing/here/"), ("post", "/api/jobs"), ("get", "/api/jobs")]:
+        response = getattr(client, method)(url)  # no redirect to the slash: a POST would lose its body
+        assert response.status_code == 404 and "no API endpoint" in response.json()["error"], url
+    assert client.post("/api/jobs").json()["error"].endswith("the API's paths end in a slash: /api/jobs/")
+    assert "slash" not in client.get("/api/nothing/here/").json()["error"]
+    for method, url in [("delete", "/api/jobs/"), ("get", "/api/agent/enroll/"), ("get", "/api/agent/jobs/1/part/")]:
+        response = getattr(client, method)(url)
+        assert response.status_code == 405 and "POST" in response.json()["error"], (url, response.content)
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1000
+    big = '{"model": "' + "m" * 2000 + '"}'
+    for url in ("/api/jobs/", "/api/agent/enroll/"):
+        response = client.post(url, big, content_type="application/json")
+        assert response.status_code == 413, (url, response.content)
+        assert response.json()["error"] == "the request body is over the limit of 1000 bytes"
+    form = client.post("/api/jobs/", {"model": "m" * 2000})  # a form body, parsed by Django itself
+    assert form.status_code == 413 and "over the limit" in form.json()["error"]

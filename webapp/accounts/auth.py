@@ -21,6 +21,18 @@ def error(status: int, message: str) -> JsonResponse:
     return JsonResponse({"error": message}, status=status)
 
 
+def json_object(body: bytes) -> dict:
+    """A request body as a JSON object, or ValueError with the one line to answer."""
+    try:
+        doc = json.loads(body)
+    # ValueError: malformed, not UTF-8, or an integer over Python's 4300 digits; RecursionError: nested too deep.
+    except (ValueError, RecursionError):
+        raise ValueError("the request body is not valid JSON") from None
+    if not isinstance(doc, dict):
+        raise ValueError("the request body must be a JSON object")
+    return doc
+
+
 def _csrf_failure(request) -> bool:
     return CsrfViewMiddleware(lambda r: None).process_view(request, None, (), {}) is not None
 
@@ -51,11 +63,9 @@ def api(*methods: str, staff: bool = False):
                 request.json = request.POST.dict()  # `curl -d model=...` works too
             elif request.method == "POST" and request.body.strip():
                 try:
-                    request.json = json.loads(request.body)
-                except (json.JSONDecodeError, UnicodeDecodeError):
-                    return error(400, "the request body is not valid JSON")
-                if not isinstance(request.json, dict):
-                    return error(400, "the request body must be a JSON object")
+                    request.json = json_object(request.body)
+                except ValueError as exc:
+                    return error(400, str(exc))
             return view(request, *args, **kwargs)
 
         return wrapper

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import json
-
 from django.http import JsonResponse
-from django.shortcuts import get_object_or_404
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from webapp.accounts.auth import api, error
+from webapp.accounts.auth import api, error, json_object
 from webapp.devices.agents import disconnect_agent
 from webapp.devices.forms import DeviceForm
 from webapp.devices.models import Device
@@ -41,7 +38,9 @@ def devices(request):
 @api("POST", staff=True)
 def token(request, device_id: int):
     """A new one-time enrollment token; the device's current credential is revoked at once."""
-    device = get_object_or_404(Device, pk=device_id)
+    device = Device.objects.filter(pk=device_id).first()
+    if device is None:
+        return error(404, f"no device {device_id}")
     issued = device.issue_enrollment()
     disconnect_agent(device.pk)
     return JsonResponse(enrollment(request, device, issued))
@@ -51,10 +50,9 @@ def token(request, device_id: int):
 @require_POST
 def enroll(request):
     try:
-        doc = json.loads(request.body)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return error(400, "the request body is not valid JSON")
-    given = doc.get("token") if isinstance(doc, dict) else None
+        given = json_object(request.body).get("token")
+    except ValueError as exc:
+        return error(400, str(exc))
     if not isinstance(given, str) or not given:
         return error(400, 'send {"token": "ENROLLMENT_TOKEN"}')
     result = Device.enroll(given)

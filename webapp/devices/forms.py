@@ -3,9 +3,17 @@
 from django import forms
 
 from webapp.devices.models import Device
+from webapp.lib.fields import number
+
+MAX_MEMORY_GB = 1024.0
+MAX_GFLOPS = 1e6  # a board is a few TFLOPS; anything past a PFLOPS is a typo (and an absurd plan)
 
 
 class DeviceForm(forms.ModelForm):
+    # Bounded here, not only by the model's minimum: 1e306 GB made the planner's byte counts infinite.
+    memory_gb = number(0.1, MAX_MEMORY_GB, label="memory (GB)", required=False, help_text="Blank: the kind's memory.")
+    gflops = number(0.1, MAX_GFLOPS, label="GFLOPS", required=False, help_text="Blank: the kind's FP16 peak.")
+
     class Meta:
         model = Device
         fields = ["name", "kind", "memory_gb", "gflops"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.http import JsonResponse
-from django.shortcuts import get_object_or_404
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
@@ -15,7 +14,7 @@ from webapp.jobs import ending, launching
 from webapp.jobs.artifacts import job_dir
 from webapp.jobs.forms import JobForm
 from webapp.jobs.models import JobDevice
-from webapp.jobs.submit import submit, visible_jobs
+from webapp.jobs.submit import submit, visible_job, visible_jobs
 from webapp.lib.tokens import bearer
 
 
@@ -43,12 +42,12 @@ def jobs(request):
 
 @api("GET")
 def job(request, job_id: int):
-    return JsonResponse(get_object_or_404(visible_jobs(request.user), pk=job_id).to_dict())
+    return JsonResponse(visible_job(request.user, job_id).to_dict())
 
 
 @api("POST")
 def launch(request, job_id: int):
-    job = get_object_or_404(visible_jobs(request.user), pk=job_id)
+    job = visible_job(request.user, job_id)
     try:
         launching.launch(job)
     except launching.LaunchError as exc:
@@ -59,7 +58,7 @@ def launch(request, job_id: int):
 
 @api("POST")
 def cancel(request, job_id: int):
-    job = get_object_or_404(visible_jobs(request.user), pk=job_id)
+    job = visible_job(request.user, job_id)
     if not ending.cancel(job):
         return error(409, f"job {job.pk} already {job.status}")
     job.refresh_from_db()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from html import escape
 from typing import Any
 
 import plotly.graph_objects as go
@@ -28,6 +29,12 @@ KIND_COLORS = {
 # Step kinds of engine.events, grouped as the timeline shows them (static/js/live.js uses the same colours).
 STEP_GROUPS = {"F": "forward", "B": "backward", "send": "transfer", "recv": "transfer", "all-reduce": "all-reduce"}
 STEP_COLORS = {"forward": "#2d5bd7", "backward": "#e07b39", "transfer": "#9aa3b2", "all-reduce": "#1f8a4c"}
+
+
+def _esc(name: str) -> str:
+    """A name (device, kind, planner message) as Plotly text: Plotly reads `<a href>`, `<b>`, `<br>` in labels, hover
+    texts and tick labels as markup, so a device named `<a href=...>` would show a link; escaped, it shows as text."""
+    return escape(str(name))
 
 
 def _layout(title: str, **extra: Any) -> dict:
@@ -71,17 +78,15 @@ def pipeline_figure(plan: Plan) -> dict:
         ticks.append(f"stage {k}<br>layers [{start}, {end})")
         # Plotly stacks traces bottom-up: add the stage's devices in reverse so the first one is on top.
         for row in reversed([r for r in rows if r["stage"] == k]):
-            kind = row["kind"]
+            kind, device = row["kind"], _esc(row["device"])
             share = f"{row['samples']} of {mbs} samples" if mbs else f"{row['samples']} samples"
             big = mbs and row["samples"] / mbs >= 0.25
-            text = (
-                f"<b>{row['device']}</b><br>{row['layers']}<br>{share}" if big else f"<b>{row['device']}</b> · {share}"
-            )
+            text = f"<b>{device}</b><br>{row['layers']}<br>{share}" if big else f"<b>{device}</b> · {share}"
             fig.add_trace(
                 go.Bar(
                     x=[x],
                     y=[row["samples"]],
-                    name=KIND_LABELS.get(kind, kind),
+                    name=_esc(KIND_LABELS.get(kind, kind)),
                     legendgroup=kind,
                     showlegend=kind not in shown_kinds,
                     marker={"color": KIND_COLORS.get(kind, MUTED), "line": {"color": "#ffffff", "width": 2}},
@@ -90,7 +95,7 @@ def pipeline_figure(plan: Plan) -> dict:
                     insidetextanchor="middle",
                     textfont={"color": "#ffffff"},
                     hovertext=[
-                        f"{row['device']} ({row['kind_label']})<br>stage {k}, layers {row['layers']}<br>{share}"
+                        f"{device} ({_esc(row['kind_label'])})<br>stage {k}, layers {row['layers']}<br>{share}"
                         + (f"<br>predicted memory {row['memory_gib']:.2f} GiB" if row["memory_gib"] is not None else "")
                     ],
                     hoverinfo="text",
@@ -103,7 +108,7 @@ def pipeline_figure(plan: Plan) -> dict:
     if spare:
         annotations.append(
             {
-                "text": "not used: " + ", ".join(spare),
+                "text": "not used: " + ", ".join(_esc(name) for name in spare),
                 "xref": "paper",
                 "yref": "paper",
                 "x": 1,
@@ -156,12 +161,13 @@ def memory_figure(plan: Plan) -> dict:
     rows = device_rows(plan)
     memory = plan.predicted.memory_bytes if plan.predicted else {}
     names = [r["device"] for r in rows]
+    labels_x = [_esc(n) for n in names]  # the category axis prints them, and the hover's %{x}
     used = [r["memory_gib"] for r in rows]
     capacity = [r["capacity_gib"] for r in rows]
     fig = go.Figure()
     fig.add_trace(
         go.Bar(
-            x=names,
+            x=labels_x,
             y=capacity,
             name="usable memory (capacity)",
             marker={"color": "#e6e9ef", "line": {"color": "#b8bfcc", "width": 1}},
@@ -180,7 +186,7 @@ def memory_figure(plan: Plan) -> dict:
             labels.append(f"{r['memory_gib']:.2f} GiB")
     fig.add_trace(
         go.Bar(
-            x=names,
+            x=labels_x,
             y=[memory.get(n, 0) / GIB for n in names],
             name="predicted peak memory",
             marker={"color": colors},
@@ -202,7 +208,7 @@ def memory_figure(plan: Plan) -> dict:
             height=380,
             uniformtext={"minsize": 10, "mode": "show"},
             annotations=annotations,
-            xaxis=_axis("device", categoryorder="array", categoryarray=names, showgrid=False),
+            xaxis=_axis("device", categoryorder="array", categoryarray=labels_x, showgrid=False),
             yaxis=_axis("memory (GiB)", range=[0, top * 1.12]),
         )
     )
@@ -226,7 +232,7 @@ def comparison_figure(comparison: Mapping[str, Prediction | str]) -> dict:
 
     `comparison` maps each method to its plan's prediction or to why it has none (rows.predictions)."""
     rows = comparison_rows(comparison)
-    labels = [r["label"] for r in rows]
+    labels = [_esc(r["label"]) for r in rows]
     with_plan = [r for r in rows if r["throughput"] is not None]
     texts, hovers = [], []
     for r in with_plan:
@@ -240,13 +246,13 @@ def comparison_figure(comparison: Mapping[str, Prediction | str]) -> dict:
         fits = "" if r["fits"] else " · does not fit in memory"
         texts.append(tp + speed + fits)
         hovers.append(
-            f"<b>{r['label']}</b><br>{tp}<br>iteration {1000 * r['iteration_s']:.1f} ms"
+            f"<b>{_esc(r['label'])}</b><br>{tp}<br>iteration {1000 * r['iteration_s']:.1f} ms"
             + (f"<br>Asteroid speedup {r['speedup']:.2f}×" if r["speedup"] is not None else "")
             + fits.replace(" · ", "<br>")
         )
     fig = go.Figure(
         go.Bar(
-            y=[r["label"] for r in with_plan],
+            y=[_esc(r["label"]) for r in with_plan],
             x=[r["throughput"] for r in with_plan],
             orientation="h",
             name="predicted throughput",
@@ -263,10 +269,10 @@ def comparison_figure(comparison: Mapping[str, Prediction | str]) -> dict:
     )
     annotations = [
         {
-            "text": f"no plan: {_short(r['error'])}",
-            "hovertext": r["error"],
+            "text": f"no plan: {_esc(_short(r['error']))}",
+            "hovertext": _esc(r["error"]),
             "x": 0,
-            "y": r["label"],
+            "y": _esc(r["label"]),
             "xref": "x",
             "yref": "y",
             "xanchor": "left",
@@ -304,13 +310,13 @@ def timeline_figure(steps: list[dict], devices: list[str], title: str) -> dict:
             continue
         fig.add_trace(
             go.Bar(
-                y=[s["device"] for s in chosen],
+                y=[_esc(s["device"]) for s in chosen],
                 x=[s["end"] - s["start"] for s in chosen],
                 base=[s["start"] for s in chosen],
                 orientation="h",
                 name=group,
                 marker={"color": color, "line": {"color": "#ffffff", "width": 0.5}},
-                text=[str(s["micro_batch"]) if s["kind"] in ("F", "B") else "" for s in chosen],
+                text=[_esc(s["micro_batch"]) if s["kind"] in ("F", "B") else "" for s in chosen],
                 textposition="inside",
                 insidetextanchor="middle",
                 textfont={"color": "#ffffff"},
@@ -328,20 +334,22 @@ def timeline_figure(steps: list[dict], devices: list[str], title: str) -> dict:
             uniformtext={"minsize": 8, "mode": "hide"},
             annotations=annotations,
             xaxis=_axis("device time (s)", rangemode="tozero"),
-            yaxis=_axis("", categoryorder="array", categoryarray=order, autorange="reversed", showgrid=False),
+            yaxis=_axis(
+                "", categoryorder="array", categoryarray=[_esc(d) for d in order], autorange="reversed", showgrid=False
+            ),
         )
     )
     return _plain(fig)
 
 
 def _step_hover(s: dict) -> str:
-    what = {"F": "forward", "B": "backward", "send": "send", "recv": "receive"}.get(s["kind"], s["kind"])
-    head = f"{s['device']} · {what}"
+    what = {"F": "forward", "B": "backward", "send": "send", "recv": "receive"}.get(s["kind"], _esc(s["kind"]))
+    head = f"{_esc(s['device'])} · {what}"
     if s.get("micro_batch", -1) >= 0:
         head += f" micro-batch {s['micro_batch']}"
     if s.get("peer"):
-        head += (" to " if s["kind"] == "send" else " from ") + s["peer"]
+        head += (" to " if s["kind"] == "send" else " from ") + _esc(s["peer"])
     return (
-        f"{head}<br>stage {s.get('stage')}, iteration {s.get('iteration', 0)}<br>"
+        f"{head}<br>stage {_esc(s.get('stage'))}, iteration {_esc(s.get('iteration', 0))}<br>"
         f"{s['start'] * 1000:.2f} – {s['end'] * 1000:.2f} ms ({(s['end'] - s['start']) * 1000:.2f} ms)"
     )

@@ -7,19 +7,21 @@ from django import forms
 from engine.data import dataset_names
 from engine.models import get_model, model_names
 from webapp.devices.models import Device
+from webapp.lib.fields import number, whole_number
 
 MAX_BATCH = 4096
 MAX_ITERATIONS = 100_000
+MAX_EPOCHS = 1000  # bounded so that epochs -> iterations stays a finite number (the iteration cap applies after)
 
 
 class JobForm(forms.Form):
     model = forms.ChoiceField(choices=[])
     dataset = forms.ChoiceField(choices=[], initial="synthetic")
-    batch_size = forms.IntegerField(min_value=1, max_value=MAX_BATCH, initial=64)
-    iterations = forms.IntegerField(min_value=1, max_value=MAX_ITERATIONS, initial=20, required=False)
-    epochs = forms.FloatField(min_value=0.01, required=False, help_text="Instead of iterations: passes over the data.")
-    lr = forms.FloatField(label="Learning rate", min_value=1e-6, max_value=10.0, initial=0.05)
-    bandwidth_mbps = forms.FloatField(label="Bandwidth (Mbps)", min_value=0.1, max_value=1e6, initial=1000.0)
+    batch_size = whole_number(1, MAX_BATCH, initial=64)
+    iterations = whole_number(1, MAX_ITERATIONS, initial=20, required=False)
+    epochs = number(0.01, MAX_EPOCHS, required=False, help_text="Instead of iterations: passes over the data.")
+    lr = number(1e-6, 10.0, label="Learning rate", initial=0.05)
+    bandwidth_mbps = number(0.1, 1e6, label="Bandwidth (Mbps)", initial=1000.0)
     devices = forms.MultipleChoiceField(
         choices=[], required=False, widget=forms.CheckboxSelectMultiple, help_text="None ticked: every online device."
     )
@@ -40,7 +42,8 @@ class JobForm(forms.Form):
             if spec.input_shape != (3, 32, 32) or spec.num_classes != 10:
                 self.add_error("dataset", f"cifar10 needs a 32x32 image model with 10 classes; {model} is not one")
         if data.get("iterations") is None and data.get("epochs") is None:
-            self.add_error("iterations", "Give the number of iterations or of epochs.")
+            if not {"iterations", "epochs"} & set(self.errors):  # a bad value given already says what is wrong
+                self.add_error("iterations", "Give the number of iterations or of epochs.")
         elif data.get("epochs") is not None and data.get("batch_size") and dataset:
             # One epoch is a pass over the dataset: CIFAR-10's 50,000 training images, or the synthetic set.
             size = 50_000 if dataset == "cifar10" else 2048

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.db import transaction
+from django.http import Http404
 
 from webapp.jobs.models import Job
 
@@ -11,6 +12,14 @@ def visible_jobs(user):
     """Staff see every job; everyone else only their own (another's job is a 404, not a 403)."""
     jobs = Job.objects.select_related("owner")
     return jobs if user.is_staff else jobs.filter(owner=user)
+
+
+def visible_job(user, job_id: int) -> Job:
+    """The job if `user` may see it, else Http404 (the same for another's job as for none)."""
+    job = visible_jobs(user).filter(pk=job_id).first()
+    if job is None:
+        raise Http404(f"no job {job_id}" if user.is_staff else f"no job {job_id} of yours")
+    return job
 
 
 def submit(user, data: dict, job: Job | None = None) -> Job:

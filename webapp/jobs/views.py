@@ -7,7 +7,7 @@ import json
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import FileResponse, Http404, HttpResponse
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from engine.errors import UserError
@@ -16,11 +16,11 @@ from webapp.jobs import ending, figures, launching, rows
 from webapp.jobs.artifacts import model_path
 from webapp.jobs.forms import JobForm
 from webapp.jobs.models import Job, JobEvent
-from webapp.jobs.submit import submit, visible_jobs
+from webapp.jobs.submit import submit, visible_job, visible_jobs
 
 
 def _job(request, job_id: int) -> Job:
-    return get_object_or_404(visible_jobs(request.user), pk=job_id)
+    return visible_job(request.user, job_id)
 
 
 @login_required
