@@ -759,7 +759,8 @@ def latency_stats(values_s: list[float]) -> dict:
 def summarize(args, sent: dict, records: list, agent: Agent, messages: dict, statuses: list, ended: list) -> dict:
     sent_at, t0 = sent["sent_at"], sent["t0"]
     events = len(sent_at)
-    duration = max(sent_at.values()) - t0 if sent_at else 0.0
+    # from the first send to the end of the last message's slot (the last message is sent batch/rate before it)
+    duration = max(sent_at.values()) - t0 + args.batch / args.rate if sent_at else 0.0
     window = min(WINDOW_S, args.seconds / 2)
     all_s, first_s, last_s, per_subscriber = [], [], [], []
     by_second: dict[int, list[float]] = {}  # latencies by the second (since the first send) they were sent in
@@ -815,7 +816,7 @@ def summarize(args, sent: dict, records: list, agent: Agent, messages: dict, sta
         "first_window": {"seconds": window, **latency_stats(first_s)},
         "last_window": {"seconds": window, **latency_stats(last_s)},
         "subscriber_p99_ms": {"min": min(known), "max": max(known)} if known else None,
-        "p99_by_second_ms": [latency_stats(by_second.get(k, []))["p99"] for k in range(int(duration) + 1)],
+        "p99_by_second_ms": [latency_stats(by_second.get(k, []))["p99"] for k in range(math.ceil(duration - 1e-6))],
         "messages": messages,
         "job_statuses": statuses,
         "subscribers_ended": ended,

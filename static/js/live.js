@@ -497,10 +497,17 @@
     status: onStatus,
   };
 
-  function handleMessage(event) {
-    const msg = parseJson(event.data, null);
+  function dispatch(msg) {
+    if (msg && msg.type === 'batch' && Array.isArray(msg.messages)) {
+      msg.messages.forEach(dispatch); // what one agent message brought, relayed as one
+      return;
+    }
     const handler = msg && HANDLERS[msg.type];
     if (handler) handler(msg);
+  }
+
+  function handleMessage(event) {
+    dispatch(parseJson(event.data, null));
   }
 
   /* ---------- socket ---------- */

@@ -33,8 +33,10 @@
       } catch (err) {
         return; // not ours to show
       }
-      if (msg.type === "snapshot") show(msg.job);
-      else if (msg.type === "status") show(msg);
+      (msg.type === "batch" && Array.isArray(msg.messages) ? msg.messages : [msg]).forEach(function (m) {
+        if (m.type === "snapshot") show(m.job);
+        else if (m.type === "status") show(m);
+      });
     };
     ws.onclose = function (e) {
       if (REFUSED[e.code]) {

@@ -35,11 +35,12 @@ def test_a_script_trains_through_the_api_and_watches_the_socket(system):
         assert launched["status"] == "running"
         iterations, status = [], None
         while status not in ("completed", "failed", "cancelled"):
-            msg = json.loads(ws.recv(240))
-            if msg["type"] == "iteration":
-                iterations.append(msg)
-            elif msg["type"] == "status":
-                status = msg["status"]
+            frame = json.loads(ws.recv(240))
+            for msg in frame["messages"] if frame["type"] == "batch" else [frame]:  # an agent message's worth
+                if msg["type"] == "iteration":
+                    iterations.append(msg)
+                elif msg["type"] == "status":
+                    status = msg["status"]
     final = system.api(f"/api/jobs/{job['id']}/")
     assert status == "completed", final["message"] + "\n" + system.tail()
     assert [m["iteration"] for m in iterations] == [0, 1, 2]

@@ -111,7 +111,9 @@ def test_events_are_stored_once_relayed_and_acknowledged(bob):
                                               {"seq": 2, "job": job.pk, "event": iteration}]}  # fmt: skip
         assert await say(ws, batch) == {"type": "ack", "seq": 2}
         assert await say(ws, batch) == {"type": "ack", "seq": 2}  # a resend after a reconnect: dropped
-        got = [await browser.receive_json_from(5) for _ in range(2)]
+        relayed = await browser.receive_json_from(5)  # one agent message, relayed as one
+        assert relayed["type"] == "batch"
+        got = relayed["messages"]
         assert got[0] == {"type": "steps", "steps": [{k: v for k, v in step.items() if k != "type"}]}
         assert got[1]["type"] == "iteration" and got[1]["loss"] == 2.3 and got[1]["throughput"] == 100.0
         assert await browser.receive_nothing(0.3)

@@ -78,7 +78,10 @@ def upload_part(request, job_id: int):
     if row.job.finished:
         return error(409, f"job {job_id} is {row.job.status}: it takes no more parts")
     limit = settings.ASTEROID_MAX_PART_BYTES
-    length = int(request.headers.get("Content-Length") or 0)
+    declared = request.headers.get("Content-Length") or "0"
+    if not declared.isdigit():
+        return error(400, f"Content-Length must be a number of bytes, got {declared[:20]!r}")
+    length = int(declared)
     if length > limit:
         return error(413, f"part of {length} bytes is over the limit of {limit}")
     folder = job_dir(job_id)

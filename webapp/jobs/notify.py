@@ -26,8 +26,9 @@ def notify(job_id: int, message: dict) -> None:
 
 @contextlib.contextmanager
 def held() -> Iterator[None]:
-    """Hold the notifications of the block and send them, in order, once it has finished (its transaction
-    committed); a block that fails sends none: watchers never hear of what was not stored."""
+    """Hold the notifications of the block and send them once it has finished (its transaction committed),
+    each job's as one message (`{"type": "batch", "messages": [...]}` when there are several, in order); a
+    block that fails sends none: watchers never hear of what was not stored."""
     if getattr(_held, "messages", None) is not None:  # nested: the outer block sends them
         yield
         return
@@ -35,8 +36,13 @@ def held() -> Iterator[None]:
     try:
         yield
         messages, _held.messages = _held.messages, None
+        by_job: dict[int, list[dict]] = {}
         for job_id, message in messages:
-            group_send(f"job.{job_id}", "job.message", message)
+            by_job.setdefault(job_id, []).append(message)
+        for job_id, batch in by_job.items():  # one frame per watcher, however many events the block applied
+            group_send(
+                f"job.{job_id}", "job.message", batch[0] if len(batch) == 1 else {"type": "batch", "messages": batch}
+            )
     finally:
         _held.messages = None
 
