@@ -51,3 +51,18 @@ def test_enrollment_retries_while_the_site_starts():
         server.server_close()
     assert "state" in got, got
     assert got["state"].credential == "cred-nano"
+
+
+# A diverged run's NaN loss went out as the JSON token NaN, which the site refused, so the agent resent it
+# forever and nothing behind it (its device-done, its job-stopped) was ever delivered (issue 11).
+def test_a_nan_loss_leaves_the_agent_as_json_null():
+    from workers.device import Runner, _Seen
+    from workers.outbox import Outbox
+
+    outbox = Outbox()
+    runner = Runner(Site.parse("http://127.0.0.1:9"), "cred", outbox)
+    runner._relay(7, {"type": "iteration", "iteration": 3, "loss": float("nan"), "iteration_s": 0.1,
+                      "throughput": 10.0}, _Seen())  # fmt: skip
+    (entry,) = outbox.pending()
+    assert entry["event"]["loss"] is None
+    json.dumps(entry, allow_nan=False)  # what the connection sends is strict JSON

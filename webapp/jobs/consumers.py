@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from autobahn.exception import Disconnected  # daphne's WebSocket layer: a send after the client closed
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
@@ -52,4 +53,7 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
         await self.send_json({"type": "error", "message": TAKES_NO_MESSAGES})
 
     async def job_message(self, event):
-        await self.send_json(event["message"])
+        try:
+            await self.send_json(event["message"])
+        except Disconnected:  # the watcher left while updates were queued for it: nobody to tell
+            pass
