@@ -40,6 +40,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from workers.site import error_message
+
 ROOT = Path(__file__).resolve().parent.parent
 LOCAL_HOSTS = ("127.0.0.1", "localhost")
 GRACE_S = 5.0  # after the last send, how long subscribers may still receive before an event counts as lost
@@ -219,7 +221,7 @@ class Api:
             with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S) as reply:
                 return reply.status, _json_object(reply.read(), path)
         except urllib.error.HTTPError as exc:
-            message = _error_message(exc)
+            message = error_message(exc)
             if exc.code in ok:
                 return exc.code, {"error": message}
             if exc.code == 401:
@@ -245,16 +247,6 @@ def _json_object(text: bytes, path: str) -> dict:
     if not isinstance(doc, dict):
         raise BenchError(f"the reply to {path} is not a JSON object: is this an Asteroid site?")
     return doc
-
-
-def _error_message(exc: urllib.error.HTTPError) -> str:
-    try:
-        doc = json.loads(exc.read())
-        if isinstance(doc, dict) and isinstance(doc.get("error"), str):
-            return doc["error"]
-    except (OSError, ValueError, UnicodeDecodeError):
-        pass
-    return str(exc.reason)
 
 
 def create_token(user: str) -> str:

@@ -58,7 +58,7 @@ class Site:
             with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S) as reply:
                 text = reply.read()
         except urllib.error.HTTPError as exc:
-            raise HttpError(exc.code, _error_message(exc)) from None
+            raise HttpError(exc.code, error_message(exc)) from None
         if not text.strip():
             return {}
         try:
@@ -82,7 +82,7 @@ def _split(url: str):
     return parts
 
 
-def _error_message(exc: urllib.error.HTTPError) -> str:
+def error_message(exc: urllib.error.HTTPError) -> str:
     """The site's `{"error": "one line"}`, else the HTTP reason."""
     try:
         doc = json.loads(exc.read())
