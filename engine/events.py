@@ -200,8 +200,8 @@ def parse(doc: Any, kinds: typing.Iterable[str] | None = None) -> Event:
     """The event in a message, checked against the catalogue (and limited to `kinds` when given)."""
     kind = doc.get("type") if isinstance(doc, dict) else None
     allowed = CATALOGUE if kinds is None else {k: CATALOGUE[k] for k in kinds}
-    if kind not in allowed:
-        raise EventError(f"unknown event type {kind!r}; expected one of {', '.join(allowed)}")
+    if not isinstance(kind, str) or kind not in allowed:
+        raise EventError(f"unknown event type {str(kind)[:40]!r}; expected one of {', '.join(allowed)}")
     return allowed[kind].from_message(doc)
 
 

@@ -223,7 +223,7 @@ def main() -> int:
         migrate()
         password = ensure_admin()
         return serve(port, redis_url, redis_note, password, cluster)
-    except (StartError, ImproperlyConfigured, RedisStartError) as exc:
+    except (StartError, ImproperlyConfigured, RedisStartError, UserError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except Stop:

@@ -237,10 +237,17 @@ class Collector:
         return None
 
 
-def watch(procs: DeviceProcesses, collected: Collector, emit: Emit, timeout_s: float, iteration_s: float) -> None:
+def watch(
+    procs: DeviceProcesses,
+    collected: Collector,
+    emit: Emit,
+    timeout_s: float,
+    iteration_s: float,
+    patience_s: float = 0.0,
+) -> None:
     """Relay every event to `emit` until every process has exited; stop waiting `timeout_s` after one died.
     A run is stalled when no event came for `timeout_s` plus three (dilated) iterations, as the devices'
-    groups allow (`emulation.group_timeout`)."""
+    groups allow (`emulation.group_timeout`), plus `patience_s` for runs whose start-up says nothing for longer."""
     last_progress = time.monotonic()
     failed_at = None
     while procs.running:
@@ -255,7 +262,7 @@ def watch(procs: DeviceProcesses, collected: Collector, emit: Emit, timeout_s: f
                 failed_at, collected.first_dead = t, dead[0]
         if failed_at is not None and t - failed_at > timeout_s:
             break
-        quiet = group_timeout(timeout_s, collected.dilation, iteration_s)
+        quiet = group_timeout(timeout_s, collected.dilation, iteration_s) + patience_s
         if failed_at is None and t - last_progress > quiet:
             collected.stalled = True
             break

@@ -212,3 +212,15 @@ def test_an_agent_over_its_event_rate_is_slowed_down_not_dropped():
     pace = Pace(rate=100, burst=200)
     assert pace.delay(150) == 0 and pace.delay(50) == 0  # the burst
     assert pace.delay(100) == pytest.approx(1.0, abs=0.05)  # 100 past the budget: a second's worth at 100/s
+
+
+def test_a_type_that_is_not_a_string_is_an_error_reply(bob):
+    device, credential = enrolled()
+    job = running_job(bob, [device])
+    JobDevice.objects.filter(job=job).update(state="training")
+    odd = [{"type": [1]}, {"type": {"a": 1}}, batch({"type": [1]}, job=job.pk), {"type": "heartbeat", "state": "busy",
+           "pending": 0}]  # fmt: skip
+    replies = talk(credential, *map(json.dumps, odd))
+    assert [r["type"] for r in replies] == ["error", "error", "error", "ack", "cancel"]
+    job.refresh_from_db()
+    assert job.status == "failed"  # busy with no job and nothing pending: it runs nothing of this one (cancel)

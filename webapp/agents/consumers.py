@@ -66,7 +66,7 @@ def _hello(device: Device, msg: dict) -> dict:
 def _heartbeat(device: Device, msg: dict) -> None:
     device.refresh_from_db(fields=["status", "job"])
     if msg.get("pending") == 0:  # every event it sent is applied: what it runs now is the whole truth
-        reconcile(device, msg["job"] if msg["state"] == "busy" else None, restarted=False)
+        reconcile(device, msg.get("job") if msg["state"] == "busy" else None, restarted=False)
         device.refresh_from_db(fields=["status", "job"])
     fields = {"last_heartbeat": timezone.now()}
     if device.status == Device.Status.OFFLINE:  # disabled and failed devices stay so until staff enable them

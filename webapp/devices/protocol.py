@@ -109,7 +109,7 @@ def parse(text: str | None, limit: int) -> dict:
     msg = strict_json(text)
     if not isinstance(msg, dict):
         raise ProtocolError("a message must be a JSON object with a 'type'")
-    check = CHECKS.get(msg.get("type"))
+    check = CHECKS.get(msg["type"]) if isinstance(msg.get("type"), str) else None
     if check is None:
         raise ProtocolError(f"unknown message type {str(msg.get('type'))[:40]!r}; expected one of {', '.join(CHECKS)}")
     check(msg)

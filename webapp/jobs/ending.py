@@ -13,7 +13,7 @@ from webapp.devices.agents import tell_agent
 from webapp.devices.models import Device
 from webapp.jobs.artifacts import assemble_model
 from webapp.jobs.models import Job, JobDevice, JobEvent
-from webapp.jobs.notify import job_log, notify, set_status
+from webapp.jobs.notify import after, job_log, notify, set_status
 
 
 def release(devices) -> None:
@@ -27,7 +27,6 @@ def finish(job: Job) -> None:
     if not Job.objects.filter(pk=job.pk, status__in=Job.ACTIVE).update(status=Job.Status.COMPLETED):
         return
     job.refresh_from_db()
-    problem = assemble_model(job)
     iterations = list(JobEvent.objects.filter(job=job, type="iteration").values_list("data", flat=True))
     batch = job.plan_object.batch_size if job.plan_object else job.batch_size
     measured = measured_throughput(batch, [it["iteration_s"] for it in iterations])
@@ -37,6 +36,11 @@ def finish(job: Job) -> None:
     set_status(job, Job.Status.COMPLETED, summary, 1.0, finished_at=timezone.now())
     release(Device.objects.filter(job=job))
     job_log(job, f"completed: {summary}")
+    after(lambda: _assemble(job))
+
+
+def _assemble(job: Job) -> None:
+    problem = assemble_model(job)
     if problem:
         job_log(job, f"the trained model is not available: {problem}", "warning")
 

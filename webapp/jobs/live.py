@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from engine.errors import UserError
 from webapp.jobs.models import Job, JobDevice, JobEvent
 from webapp.jobs.notify import browser_event
 
@@ -11,7 +12,7 @@ MAX_STEPS = 5000  # a bound on what one snapshot carries
 
 def iteration_messages(job: Job) -> list[dict]:
     rows = JobEvent.objects.filter(job=job, type="iteration").values_list("data", flat=True)
-    return [browser_event(ev) for ev in rows]
+    return readable(rows)
 
 
 def latest_steps(job: Job, iterations: int = 2) -> list[dict]:
@@ -21,7 +22,18 @@ def latest_steps(job: Job, iterations: int = 2) -> list[dict]:
     if last is not None:
         steps = steps.filter(data__iteration__gt=last - iterations)
     rows = steps.order_by("-id").values_list("data", flat=True)[:MAX_STEPS]
-    return [browser_event(ev) for ev in reversed(list(rows))]
+    return readable(reversed(list(rows)))
+
+
+def readable(rows) -> list[dict]:
+    """Stored events as browsers get them, leaving out any stored before the site checked events (a NaN loss)."""
+    out = []
+    for ev in rows:
+        try:
+            out.append(browser_event(ev))
+        except UserError:
+            continue
+    return out
 
 
 def snapshot(job: Job) -> dict:

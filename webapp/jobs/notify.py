@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from django.utils import timezone
 
@@ -24,27 +24,40 @@ def notify(job_id: int, message: dict) -> None:
         group_send(f"job.{job_id}", "job.message", message)
 
 
+def after(action: Callable[[], None]) -> None:
+    """Run `action` once the `held()` block is over (outside its transaction), or now outside one: slow work
+    (assembling a model) must not hold the database's write lock."""
+    actions = getattr(_held, "actions", None)
+    if actions is not None:
+        actions.append(action)
+    else:
+        action()
+
+
 @contextlib.contextmanager
 def held() -> Iterator[None]:
-    """Hold the notifications of the block and send them once it has finished (its transaction committed),
-    each job's as one message (`{"type": "batch", "messages": [...]}` when there are several, in order); a
-    block that fails sends none: watchers never hear of what was not stored."""
+    """Hold the notifications and `after` actions of the block until it has finished (its transaction
+    committed); then run the actions and send each job's notifications as one message (`{"type": "batch",
+    "messages": [...]}` when there are several, in order). A block that fails does and sends nothing:
+    watchers never hear of what was not stored."""
     if getattr(_held, "messages", None) is not None:  # nested: the outer block sends them
         yield
         return
-    _held.messages = []
+    _held.messages, _held.actions = [], []
     try:
         yield
-        messages, _held.messages = _held.messages, None
+        messages, actions = _held.messages, _held.actions
+        _held.messages = _held.actions = None
+        for action in actions:  # first: a page told "completed" finds the model there
+            action()
         by_job: dict[int, list[dict]] = {}
         for job_id, message in messages:
             by_job.setdefault(job_id, []).append(message)
         for job_id, batch in by_job.items():  # one frame per watcher, however many events the block applied
-            group_send(
-                f"job.{job_id}", "job.message", batch[0] if len(batch) == 1 else {"type": "batch", "messages": batch}
-            )
+            relayed = batch[0] if len(batch) == 1 else {"type": "batch", "messages": batch}
+            group_send(f"job.{job_id}", "job.message", relayed)
     finally:
-        _held.messages = None
+        _held.messages = _held.actions = None
 
 
 def job_log(job: Job, message: str, level: str = "info") -> None:

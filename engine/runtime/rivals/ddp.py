@@ -86,7 +86,7 @@ def _complete_buckets(timed: list) -> None:
 def train(cfg: DeviceConfig, emit) -> None:
     plan, st, opts = cfg.plan, cfg.steps, cfg.options
     spec = get_model(plan.model)
-    data = get_dataset(opts.dataset, spec, size=opts.dataset_size, seed=opts.seed)
+    data = get_dataset(opts.dataset, spec, root=opts.data_dir, size=opts.dataset_size, seed=opts.seed)
     torch.manual_seed(opts.seed)  # every process builds the same model; dropout draws then follow this stream
     model = nn.Sequential(*spec.layers())
     model.train()

@@ -75,7 +75,11 @@ def train(cfg: DeviceConfig, emit) -> None:
     stage_plan = plan.stages[st.stage]
     first, last = st.stage == 0, st.stage == len(plan.stages) - 1
     spec = get_model(plan.model)
-    data = get_dataset(opts.dataset, spec, size=opts.dataset_size, seed=opts.seed) if first or last else None
+    data = (
+        get_dataset(opts.dataset, spec, root=opts.data_dir, size=opts.dataset_size, seed=opts.seed)
+        if first or last
+        else None
+    )
     torch.manual_seed(opts.seed)
     layers = spec.layers()
     x_in, x_out = boundary_examples(spec, layers, stage_plan.start, stage_plan.end)

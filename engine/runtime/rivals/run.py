@@ -100,7 +100,8 @@ def run(plan: Plan, workload: Workload, options: RunOptions) -> RivalResult:
     collected = Collector()
     with procs:
         procs.start()
-        watch(procs, collected, lambda ev: None, options.timeout_s, prediction.iteration_s)
+        # DDP builds and wraps the whole model before its first event: the old margin of a whole timeout more
+        watch(procs, collected, lambda ev: None, options.timeout_s, prediction.iteration_s, options.timeout_s)
     failure = collected.failure(procs)
     if failure:
         raise UserError(f"{plan.method} peer: device {failure.device} failed: {failure.detail}")
