@@ -39,6 +39,10 @@ class Prediction:
     memory_bytes: dict[str, int]
     fits: bool
 
+    def over_memory(self, cluster: Cluster) -> list[str]:
+        """The devices whose predicted bytes are more than they have."""
+        return [n for n, b in self.memory_bytes.items() if b > cluster.device(n).memory_bytes]
+
     def to_dict(self) -> dict:
         return {
             "iteration_s": self.iteration_s,

@@ -113,7 +113,7 @@ def train(
     options = options or RunOptions()
     prediction = score(plan, workload)
     if options.emulate and options.enforce_memory and not prediction.fits:
-        over = [n for n, b in prediction.memory_bytes.items() if b > plan.cluster.device(n).memory_bytes]
+        over = prediction.over_memory(plan.cluster)
         raise UserError(f"plan does not fit in memory on {', '.join(over)}: re-plan with a smaller batch size")
     # the dataset's errors (unknown name, missing CIFAR-10 files, wrong model) before any process starts
     get_dataset(options.dataset, get_model(plan.model), options.data_dir, options.dataset_size, options.seed)

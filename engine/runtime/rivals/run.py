@@ -85,7 +85,7 @@ def run(plan: Plan, workload: Workload, options: RunOptions) -> RivalResult:
     """Run a rival's plan (method "ddp" or "pipelining") on local device processes; UserError when it fails."""
     prediction = score(plan, workload)
     if not prediction.fits:
-        over = [n for n, b in prediction.memory_bytes.items() if b > plan.cluster.device(n).memory_bytes]
+        over = prediction.over_memory(plan.cluster)
         raise UserError(
             f"{plan.method}: batch size {plan.batch_size} does not fit in memory on {', '.join(over)}: "
             "use a smaller batch size"
