@@ -12,10 +12,20 @@ A run's event stream is a sequence of messages, JSON-ready dicts with a `type`:
 | `device-error` | a device (or its agent)    | why it stopped: its own failure, or a lost peer                   |
 | `job-stopped`  | an agent                   | its device's part ended without done/error (cancel, shutdown)     |
 | `run-stop`     | launcher                   | how the run ended                                                 |
+| `device-lost`  | coordinator                | a device died or stopped answering; when it was noticed          |
+| `replan`       | coordinator                | a new generation's plan, and how long planning took (real s)     |
+| `restore`      | a device                   | layers it got for the new generation, from whom, bytes, device s |
+| `replay`       | coordinator                | iterations that run again after a rollback                       |
+| `recovered`    | coordinator                | the run is back to new iterations: what the recovery cost        |
+| `device-left`  | coordinator                | a device left gracefully at an iteration boundary                |
+| `device-joined`| coordinator                | a new device joined at an iteration boundary                     |
+| `repartition`  | coordinator                | measured speeds drifted from the plan's: re-planned on them      |
 
 `Event.to_message()` gives the message; `parse(message)` (or `Kind.from_message`) checks one, field by
 field, keeping only the catalogue's fields: a UserError names the field and what is wrong. Times are
-device seconds. A new kind is one dataclass here, added to `CATALOGUE`.
+device seconds unless a field ends in `real_s` (control-plane time, real seconds on the coordinator's host).
+Every event of a generation carries `generation` (a new one per membership change); a replayed iteration's
+event replaces the earlier one of the same number. A new kind is one dataclass here, added to `CATALOGUE`.
 """
 
 from __future__ import annotations
@@ -89,6 +99,8 @@ class DeviceStart(Event):
     stage: int
     dilation: float | None = None  # None: a real device, nothing padded
     pid: int = 0
+    generation: int = 0
+    setup_real_s: float = 0.0  # real seconds it took to form this generation's process groups
 
 
 @dataclass(frozen=True)
@@ -106,6 +118,7 @@ class StepEvent(Event):
     end: float
     peer: str = ""  # the other device of a send/recv
     iteration: int = 0
+    generation: int = 0
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -130,6 +143,7 @@ class Iteration(Event):
     steps: int = 0
     time: float = 0.0  # device seconds since the run started
     measured_throughput: float | None = None  # the run's measured throughput so far (`engine.metrics`)
+    generation: int = 0
 
 
 @dataclass(frozen=True)
@@ -190,9 +204,125 @@ class RunStop(Event):
     message: str = ""
 
 
+@dataclass(frozen=True)
+class DeviceLost(Event):
+    """A device died or stopped answering during `iteration` (1-based: the one in progress)."""
+
+    TYPE = "device-lost"
+    NON_NEGATIVE = ("detected_real_s",)
+
+    device: str
+    iteration: int
+    cause: str  # "died (SIGKILL)", "no heartbeat for 2.0 s", ...
+    detected_real_s: float = 0.0  # real seconds from the failure (or last heartbeat) to the coordinator noticing
+    generation: int = 0
+
+
+@dataclass(frozen=True)
+class Replan(Event):
+    """Generation `generation` trains `plan`; planning it took `planning_real_s`."""
+
+    TYPE = "replan"
+    NON_NEGATIVE = ("generation", "planning_real_s", "predicted_throughput")
+
+    generation: int
+    plan: dict
+    planning_real_s: float
+    reason: str  # lost, left, joined, repartition, resumed
+    predicted_throughput: float = 0.0
+
+
+@dataclass(frozen=True)
+class Restore(Event):
+    """`device` got layers [start, end) as of iteration `iteration` (completed) from `source`."""
+
+    TYPE = "restore"
+    NON_NEGATIVE = ("start", "end", "iteration", "bytes", "device_s")
+
+    device: str
+    start: int
+    end: int
+    source: str  # a device name, or "central" (the coordinator's replica), or "seed" (initial weights)
+    copy: str  # live, snapshot, replica, central, seed
+    iteration: int
+    bytes: int = 0
+    device_s: float = 0.0
+    generation: int = 0
+
+
+@dataclass(frozen=True)
+class Replay(Event):
+    """Iterations `first`..`last` (1-based, inclusive) run again after a rollback."""
+
+    TYPE = "replay"
+
+    first: int
+    last: int
+    generation: int = 0
+
+
+@dataclass(frozen=True)
+class Recovered(Event):
+    """The first iteration after a failure completed; what the recovery cost, split into its steps."""
+
+    TYPE = "recovered"
+    NON_NEGATIVE = (
+        "generation", "real_s", "device_s", "detection_real_s", "planning_real_s", "setup_real_s",
+        "restore_device_s", "replay_device_s", "throughput_before", "throughput_after",
+    )  # fmt: skip
+
+    generation: int
+    real_s: float  # from the failure to the first new iteration completed, real seconds
+    device_s: float  # restore + replayed compute, device seconds (never added to real seconds)
+    detection_real_s: float = 0.0
+    planning_real_s: float = 0.0
+    setup_real_s: float = 0.0
+    restore_device_s: float = 0.0
+    replay_device_s: float = 0.0
+    iterations_lost: int = 0
+    throughput_before: float = 0.0
+    throughput_after: float = 0.0
+    summary: str = ""
+
+
+@dataclass(frozen=True)
+class DeviceLeft(Event):
+    TYPE = "device-left"
+
+    device: str
+    iteration: int  # the last iteration it took part in (1-based)
+    generation: int = 0
+
+
+@dataclass(frozen=True)
+class DeviceJoined(Event):
+    TYPE = "device-joined"
+
+    device: str
+    kind: str
+    iteration: int  # it trains from the next iteration on (1-based: the last one before it joined)
+    generation: int = 0
+
+
+@dataclass(frozen=True)
+class Repartition(Event):
+    """Measured speeds drifted from the plan: `speeds` is each drifting device's measured slow-down factor."""
+
+    TYPE = "repartition"
+
+    iteration: int
+    speeds: dict
+    measured_iteration_s: float
+    predicted_iteration_s: float
+    generation: int = 0
+
+
 CATALOGUE: dict[str, type[Event]] = {
     kind.TYPE: kind
-    for kind in (RunStart, DeviceStart, StepEvent, Iteration, DeviceDone, DeviceError, JobStopped, RunStop)
+    for kind in (
+        RunStart, DeviceStart, StepEvent, Iteration, DeviceDone, DeviceError, JobStopped, RunStop,
+        DeviceLost, Replan, Restore, Replay, Recovered, DeviceLeft, DeviceJoined, Repartition,
+    )  # fmt: skip
 }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from engine.models.randomness import Dropout
 from engine.models.spec import ModelSpec
 
 # (expansion t, output channels c, repeats n, first stride s) from the MobileNetV2 paper.
@@ -44,7 +45,7 @@ def mobilenetv2_layers(num_classes: int, cifar: bool) -> list[nn.Module]:
             cin = c
     layers.append(conv_bn(cin, 1280, 1))
     layers.append(nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten()))
-    layers.append(nn.Sequential(nn.Dropout(0.2), nn.Linear(1280, num_classes)))
+    layers.append(nn.Sequential(Dropout(0.2), nn.Linear(1280, num_classes)))
     return layers
 
 

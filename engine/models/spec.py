@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from engine.models.randomness import number_draws
+
 FAMILIES = ("cnn", "transformer")
 TASKS = ("classification", "language-modeling")
 DTYPES = {"float32": torch.float32, "int64": torch.int64}
@@ -50,8 +52,13 @@ class ModelSpec:
             raise ValueError(f"{self.name}: token inputs need a positive vocab_size")
 
     def layers(self) -> list[nn.Module]:
-        """Fresh layers, initialised from torch's global RNG (deterministic under torch.manual_seed)."""
-        return list(self.factory())
+        """Fresh layers, initialised from torch's global RNG (deterministic under torch.manual_seed).
+
+        Their Dropouts are keyed by layer index (see randomness.number_draws), whatever the stages later.
+        """
+        layers = list(self.factory())
+        number_draws(layers)
+        return layers
 
     def sequential(self) -> nn.Sequential:
         """The unpartitioned model made of fresh layers."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from engine.models.randomness import Dropout
 from engine.models.spec import ModelSpec
 
 # Configuration "D" of the VGG paper: output channels, "M" for a 2x2 max-pool.
@@ -26,10 +27,10 @@ def vgg16_layers(num_classes: int, cifar: bool) -> list[nn.Module]:
     layers += [
         nn.Linear(features, hidden),
         nn.ReLU(),
-        nn.Dropout(0.5),
+        Dropout(0.5),
         nn.Linear(hidden, hidden),
         nn.ReLU(),
-        nn.Dropout(0.5),
+        Dropout(0.5),
         nn.Linear(hidden, num_classes),
     ]
     return layers

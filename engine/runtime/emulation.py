@@ -115,12 +115,16 @@ class DeviceOutOfMemory(UserError):
 
 class MemoryMeter:
     """Counts the bytes a device really holds: weights, gradients, optimizer state and, per micro-batch in
-    flight, the tensors autograd saved for the backward pass (each storage once, weights excluded)."""
+    flight, the tensors autograd saved for the backward pass (each storage once, weights excluded), and the
+    copies it keeps for fault tolerance (`held`: its snapshot and its neighbour's replica)."""
 
-    def __init__(self, device: str, budget: int | None, params: list[torch.Tensor], optimizer_states: int):
+    def __init__(
+        self, device: str, budget: int | None, params: list[torch.Tensor], optimizer_states: int, held: int = 0
+    ):
         self.device = device
         self.budget = budget
-        self.static = sum(p.numel() * p.element_size() for p in params) * (2 + optimizer_states)
+        self.training = sum(p.numel() * p.element_size() for p in params) * (2 + optimizer_states)
+        self.static = self.training + held
         self._params = {p.untyped_storage().data_ptr() for p in params}
         self._held: dict[int, int] = {}
         self.peak = self.static
@@ -146,6 +150,11 @@ class MemoryMeter:
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             yield
+        self._check()
+
+    def static_extra(self, held: int) -> None:
+        """The fault-tolerance copies now take `held` bytes."""
+        self.static = self.training + held
         self._check()
 
     def release(self, micro_batch: int) -> None:

@@ -1,11 +1,11 @@
-"""Run a plan on local device processes: rendezvous store, one process per device, events, failure detection.
+"""Run a plan on local device processes under a coordinator: one process per device, events, recovery.
 
     result = train(plan, workload("mobilenetv2"), RunOptions(iterations=20, emulate=True), on_event=print)
 
-The launcher hosts the rendezvous store (so it outlives any device), starts the device processes from a
-fork server that has torch imported once, relays every event to `on_event`, and watches the processes:
-when one dies, the others are given `timeout_s` to stop on their own (they see the broken links) and
-are then killed; the run fails with an error naming the device and the iteration.
+The launcher is the run's coordinator (`engine.runtime.coordinator`): it hosts the rendezvous store (so it
+outlives any device), starts the device processes from a fork server that has torch imported once, relays
+every event to `on_event`, and recovers from lost devices (re-plan, restore, replay); a run that cannot go on
+raises RunFailed naming the device and the iteration.
 """
 
 from __future__ import annotations
@@ -14,10 +14,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
 from pathlib import Path
-
-import torch.distributed as dist
 
 from engine.costmodel import Workload, score
 from engine.data import get_dataset
@@ -27,21 +24,12 @@ from engine.metrics import measured_iteration_s
 from engine.models import get_model
 from engine.plan import Plan
 from engine.progress import Progress
+from engine.runtime.coordinator import Coordinator, RunFailed
+from engine.runtime.faults import Faults
 from engine.runtime.options import RunOptions
-from engine.runtime.processes import Collector, DeviceProcesses, watch
-from engine.runtime.worker import DeviceConfig, run_device
 from engine.simulator import simulate
-from engine.steps import device_steps
 
 __all__ = ["RunFailed", "RunOptions", "RunResult", "save_events", "train"]
-
-
-class RunFailed(UserError):
-    """A device failed during a run; names the device and the iteration."""
-
-    def __init__(self, message: str, device: str, iteration: int):
-        super().__init__(message)
-        self.device, self.iteration = device, iteration
 
 
 @dataclass
@@ -57,6 +45,10 @@ class RunResult:
     simulated_iteration_s: float
     wall_s: float
     state_dict: dict | None = field(default=None, repr=False)
+    generations: list[dict] = field(default_factory=list)  # every generation's plan, why and where it started
+    recoveries: list[dict] = field(default_factory=list)  # one `recovered` event per recovery
+    changes: list[dict] = field(default_factory=list)  # the fault-tolerance events in order (lost, replan, ...)
+    replicate_every: int = 0
 
     @property
     def loss(self) -> list[float]:
@@ -99,7 +91,14 @@ class RunResult:
             "wall_s": self.wall_s,
             "devices": self.devices,
             "plan": self.plan.to_dict(),
+            "replicate_every": self.replicate_every,
+            "generations": self.generations,
+            "recoveries": self.recoveries,
+            "events": self.changes,
         }
+
+
+CHANGES = ("device-lost", "replan", "restore", "replay", "recovered", "device-left", "device-joined", "repartition")
 
 
 def train(
@@ -108,8 +107,14 @@ def train(
     options: RunOptions | None = None,
     on_event: Callable[[dict], None] | None = None,
     progress: bool = False,
+    faults: Faults = Faults(),
+    run_dir: str | Path | None = None,
+    replicate_every: int | None = None,
+    resume: dict | None = None,
+    detect_s: float = 2.0,
 ) -> RunResult:
-    """Train `plan` with one local process per device; raises RunFailed when a device fails."""
+    """Train `plan` with one local process per device, recovering from lost devices; raises RunFailed when
+    the run cannot go on. `resume`: the central replica of an earlier run (`coordinator.load_resume`)."""
     options = options or RunOptions()
     prediction = score(plan, workload)
     if options.emulate and options.enforce_memory and not prediction.fits:
@@ -117,40 +122,39 @@ def train(
         raise UserError(f"plan does not fit in memory on {', '.join(over)}: re-plan with a smaller batch size")
     # the dataset's errors (unknown name, missing CIFAR-10 files, wrong model) before any process starts
     get_dataset(options.dataset, get_model(plan.model), options.data_dir, options.dataset_size, options.seed)
-    steps = device_steps(plan, workload)
-    store = dist.TCPStore(
-        "127.0.0.1", 0, None, True, timeout=timedelta(seconds=options.timeout_s), wait_for_workers=False
-    )
-    procs = DeviceProcesses()
-    for rank, name in enumerate(plan.device_names):
-        cfg = DeviceConfig(plan, steps[name], rank, "127.0.0.1", store.port, options, False, prediction.iteration_s)
-        procs.add(name, run_device, cfg)
+    faults.check(plan.cluster, options.iterations)
     started = time.monotonic()
     emit = on_event or (lambda _: None)
     emit(RunStart(plan.to_dict(), options.iterations).to_message())
-    collected = Collector()
     bar = Progress(options.iterations, "training", enabled=progress)
+    seen: set[int] = set()
+    changes: list[dict] = []
 
     def relay(ev: dict) -> None:
         emit(ev)
-        if ev["type"] == "iteration":
-            bar.update(1, f"loss {ev['loss']:.3f}  {ev['throughput']:.1f} samples/s")
+        if ev["type"] == "iteration" and ev["iteration"] not in seen:
+            seen.add(ev["iteration"])
+            loss = "diverged" if ev["loss"] is None else f"{ev['loss']:.3f}"
+            bar.update(1, f"loss {loss}  {ev['throughput']:.1f} samples/s")
+        elif ev["type"] in CHANGES:
+            changes.append({k: v for k, v in ev.items() if k != "plan"})
 
-    with procs:
-        procs.start()
-        try:
-            watch(procs, collected, relay, options.timeout_s, prediction.iteration_s)
-        finally:
-            bar.close()
+    coordinator = Coordinator(
+        plan, workload, options, faults, relay, Path(run_dir) if run_dir else None, replicate_every, detect_s, resume
+    )
+    try:
+        collected = coordinator.run()
+    except RunFailed as exc:
+        bar.close()
+        emit(RunStop("failed", time.monotonic() - started, exc.device, exc.iteration, str(exc)).to_message())
+        raise
+    finally:
+        bar.close()
     wall = time.monotonic() - started
-    failure = collected.failure(procs)
-    if failure:
-        emit(RunStop("failed", wall, failure.device, failure.iteration, failure.message).to_message())
-        raise RunFailed(failure.message, failure.device, failure.iteration)
     emit(RunStop("completed", wall).to_message())
     return RunResult(
         plan=plan,
-        iterations=collected.iterations,
+        iterations=[coordinator.iterations[k] for k in sorted(coordinator.iterations)],
         events=collected.steps,
         devices=collected.done,
         dilation=collected.dilation,
@@ -158,6 +162,10 @@ def train(
         simulated_iteration_s=simulate(plan, workload).iteration_s,
         wall_s=wall,
         state_dict=collected.state_dict() if options.save_model else None,
+        generations=coordinator.plans,
+        recoveries=coordinator.recoveries,
+        changes=changes,
+        replicate_every=coordinator.K,
     )
 
 

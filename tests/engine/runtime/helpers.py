@@ -10,6 +10,7 @@ from engine.costmodel import Workload
 from engine.data import get_dataset
 from engine.devices import Cluster, Device
 from engine.models import get_model
+from engine.models.randomness import sample_draws
 from engine.plan import Plan, Share, Stage
 from engine.runtime.batches import batch_indices, load
 from tests.engine.instances import random_workload
@@ -48,7 +49,10 @@ def make_plan(model: str, cluster: Cluster, batch: int, micro_batches: int, stag
 
 
 def reference_run(model: str, batch: int, iterations: int, lr: float, momentum: float = 0.9, seed: int = 0):
-    """One process training the unpartitioned model on the same batches: (losses, state_dict)."""
+    """One process training the unpartitioned model on the same batches: (losses, state_dict).
+
+    Dropout masks are those of samples 0..batch-1 of iteration k under `seed` (see engine.models.randomness).
+    """
     spec = get_model(model)
     torch.manual_seed(seed)
     net = spec.sequential()
@@ -57,7 +61,9 @@ def reference_run(model: str, batch: int, iterations: int, lr: float, momentum: 
     losses = []
     for k in range(iterations):
         x, y = load(data, batch_indices(len(data), batch, seed, k))
-        loss = spec.loss(net(x), y)
+        with sample_draws(seed, k, range(0, batch)):
+            out = net(x)
+        loss = spec.loss(out, y)
         loss.backward()
         opt.step()
         opt.zero_grad()
