@@ -12,10 +12,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
+from dataclasses import replace
 from pathlib import Path
 
 from engine.costmodel import ideal_throughput
-from engine.devices import load_cluster
+from engine.devices import Cluster, load_cluster
 from engine.errors import UserError
 from engine.plan import Plan
 from engine.planners import COMPARED, PLANNERS, NoFeasiblePlan, Problem, make_plan
@@ -94,6 +96,50 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--rank", type=int, help="this device's rank in the plan's device order (distributed run)")
     t.add_argument("--rendezvous", help="HOST:PORT of the rendezvous store (distributed run)")
     t.add_argument("--generation", type=int, default=0, help="rendezvous generation (a new one per re-plan)")
+    f = t.add_argument_group("fault tolerance (a local run: the launcher is the coordinator)")
+    f.add_argument(
+        "--fail",
+        action="append",
+        default=[],
+        metavar="DEV@IT[:PHASE]",
+        help="SIGKILL device DEV in iteration IT (phase forward, backward, all-reduce, send or replica)",
+    )
+    f.add_argument(
+        "--leave",
+        action="append",
+        default=[],
+        metavar="DEV@IT",
+        help="device DEV finishes iteration IT, hands over its layers and leaves",
+    )
+    f.add_argument(
+        "--join",
+        action="append",
+        default=[],
+        metavar="KIND@IT",
+        help="a new device of KIND (nano, tx2, nx, ...) joins after iteration IT",
+    )
+    f.add_argument(
+        "--slow",
+        action="append",
+        default=[],
+        metavar="DEV@IT:FACTOR",
+        help="device DEV runs FACTOR times slower from iteration IT (the run re-partitions)",
+    )
+    f.add_argument(
+        "--replicate-every",
+        type=int,
+        metavar="K",
+        help="copy each stage's layers to a neighbour and the coordinator every K iterations "
+        "(default: the period that costs at most 4%% of the predicted throughput; 0: never)",
+    )
+    f.add_argument("--run-dir", help="where the coordinator keeps the central replica (default runs/<time>)")
+    f.add_argument("--resume", metavar="DIR", help="continue the run whose coordinator died, from DIR's replica")
+    f.add_argument(
+        "--detect",
+        type=_positive_float,
+        default=2.0,
+        help="seconds without a heartbeat before a device is lost (default 2)",
+    )
 
     b = sub.add_parser("bench", help="run a benchmark and print its tables")
     b.add_argument(
@@ -230,14 +276,40 @@ def _read_plan(arg: str) -> Plan:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from engine.events import StepEvent, chrome_trace, side_by_side
+    from engine.events import chrome_trace, side_by_side
     from engine.runtime.launcher import RunOptions, save_events, train
-    from engine.tables import iteration_line, run_summary
+    from engine.tables import CHANGE_LINES, change_line, iteration_line, run_summary
     from engine.workloads import workload
 
     if (args.rank is None) != (args.rendezvous is None):
         raise UserError("a distributed run needs both --rank and --rendezvous")
-    if args.plan:
+    from engine.runtime.faults import FaultArgs
+
+    faults = FaultArgs(args.fail, args.leave, args.join, args.slow).parse()
+    if args.replicate_every is not None and args.replicate_every < 0:
+        raise UserError(f"--replicate-every must be 0 or more, got {args.replicate_every}")
+    resume = None
+    if args.resume:
+        from engine.runtime.coordinator import load_resume
+
+        if args.plan or args.model or args.cluster:
+            raise UserError("--resume continues the run in DIR: give no --plan, --model or --cluster")
+        doc, resume = load_resume(Path(args.resume))
+        cluster = Cluster.from_dict(doc["cluster"])
+        cluster = Cluster(
+            tuple(d for d in cluster.devices if d.name in resume["devices"]),
+            cluster.bandwidth_mbps, cluster.latency_ms, cluster.name,
+        )  # fmt: skip
+        w = workload(doc["model"])
+        method = doc["method"] if doc["method"] in PLANNERS else "asteroid"
+        plan = fitting_plan(method, Problem(w, cluster, doc["batch_size"]))
+        options = RunOptions.from_dict(doc["options"])
+        args.iterations, args.replicate_every = options.iterations, doc["replicate_every"]
+        args.run_dir = args.resume
+        if not args.json:
+            print(f"resuming {doc['model']} in {args.resume} from iteration {resume['iteration']} "
+                  f"on {len(plan.device_names)} devices", file=sys.stderr)  # fmt: skip
+    elif args.plan:
         if args.model or args.cluster:
             raise UserError("give either --plan or --model/--cluster, not both")
         plan = _read_plan(args.plan)
@@ -251,25 +323,36 @@ def cmd_train(args: argparse.Namespace) -> int:
         w = workload(args.model)
         plan = fitting_plan(args.method, Problem(w, cluster, args.batch_size))
     plan.validate(w.num_layers)
-    options = RunOptions(
-        iterations=args.iterations,
-        lr=args.lr,
-        seed=args.seed,
-        dataset=args.dataset,
-        data_dir=args.data_dir,
-        emulate=args.emulate,
-        dilation=args.dilation,
-        timeout_s=args.timeout,
-        save_model=bool(args.save),
-        generation=args.generation,
-    )
+    if not args.resume:
+        options = RunOptions(
+            iterations=args.iterations,
+            lr=args.lr,
+            seed=args.seed,
+            dataset=args.dataset,
+            data_dir=args.data_dir,
+            emulate=args.emulate,
+            dilation=args.dilation,
+            timeout_s=args.timeout,
+            save_model=bool(args.save),
+            generation=args.generation,
+        )
+    else:
+        options = replace(options, save_model=bool(args.save))
     if args.rank is not None:
+        if faults or args.resume:
+            raise UserError("--fail, --leave, --join, --slow and --resume need a local run (no --rank)")
         return _train_one_device(args, plan, w, options)
+    run_dir = args.run_dir or time.strftime("runs/%Y%m%d-%H%M%S")
     writers = [save_events(args.events)] if args.events else []
     tty = sys.stderr.isatty() and not args.json
     if not args.json and not tty:
         writers.append(lambda ev: ev["type"] == "iteration" and print(iteration_line(ev, args.iterations), flush=True))
-    result = train(plan, w, options, on_event=lambda ev: [f(ev) for f in writers], progress=tty)
+    if not args.json:
+        writers.append(lambda ev: ev["type"] in CHANGE_LINES and print(change_line(ev), file=sys.stderr, flush=True))
+    result = train(
+        plan, w, options, on_event=lambda ev: [f(ev) for f in writers], progress=tty, faults=faults,
+        run_dir=run_dir, replicate_every=args.replicate_every, resume=resume, detect_s=args.detect,
+    )  # fmt: skip
     if args.save:
         import torch
 
@@ -280,18 +363,22 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.trace:
         from engine.simulator import simulate
 
-        last = result.iterations[-1]["iteration"]
+        last = result.iterations[-1]
         begin = result.iterations[-2]["time"] if len(result.iterations) > 1 else 0.0
-        measured = [
-            StepEvent(e.device, e.stage, e.micro_batch, e.kind, e.start - begin, e.end - begin, e.peer, e.iteration)
-            for e in result.events
-            if e.iteration == last
-        ]
+        if len(result.generations) > 1:  # the whole run: the lost device, the gap, the replayed iterations
+            measured, title = list(result.events), f"measured: every iteration of {plan.method} {plan.model}"
+        else:
+            measured = [
+                replace(e, start=e.start - begin, end=e.end - begin)
+                for e in result.events
+                if e.iteration == last["iteration"] and e.generation == last.get("generation", 0)
+            ]
+            title = f"measured: iteration {last['iteration'] + 1} of {plan.method} {plan.model}"
         names = plan.device_names
         sim = simulate(plan, w)
         trace = side_by_side(
             [
-                chrome_trace(measured, names, f"measured: iteration {last + 1} of {plan.method} {plan.model}", 0),
+                chrome_trace(measured, names, title, 0),
                 chrome_trace(list(sim.events), names, "simulated (cost model)", 1),
             ]
         )

@@ -320,8 +320,22 @@ class Repartition(Event):
 CATALOGUE: dict[str, type[Event]] = {
     kind.TYPE: kind
     for kind in (
-        RunStart, DeviceStart, StepEvent, Iteration, DeviceDone, DeviceError, JobStopped, RunStop,
-        DeviceLost, Replan, Restore, Replay, Recovered, DeviceLeft, DeviceJoined, Repartition,
+        RunStart,
+        DeviceStart,
+        StepEvent,
+        Iteration,
+        DeviceDone,
+        DeviceError,
+        JobStopped,
+        RunStop,
+        DeviceLost,
+        Replan,
+        Restore,
+        Replay,
+        Recovered,
+        DeviceLeft,
+        DeviceJoined,
+        Repartition,
     )  # fmt: skip
 }
 

@@ -133,6 +133,27 @@ def iteration_line(ev: dict, total: int) -> str:
     )
 
 
+CHANGE_LINES = ("device-lost", "recovered", "device-left", "device-joined", "repartition")
+
+
+def change_line(ev: dict) -> str:
+    """One line for a fault-tolerance event (a lost device, a recovery, a leave, a join, a re-partition)."""
+    kind = ev["type"]
+    if kind == "device-lost":
+        return f"{ev['device']} lost during iteration {ev['iteration']} ({ev['cause']}), noticed in {ev['detected_real_s']:.2f} s"
+    if kind == "recovered":
+        return ev["summary"]
+    if kind == "device-left":
+        return f"{ev['device']} left after iteration {ev['iteration']}, its layers handed over"
+    if kind == "device-joined":
+        return f"{ev['device']} ({ev['kind']}) joined after iteration {ev['iteration']}"
+    speeds = ", ".join(f"{d} {f:.1f}x slower" for d, f in ev["speeds"].items())
+    return (
+        f"re-partitioning after iteration {ev['iteration']}: {speeds} (iteration {ev['measured_iteration_s']:.3f} s "
+        f"measured, {ev['predicted_iteration_s']:.3f} s planned)"
+    )
+
+
 def run_summary(result) -> str:
     """Measured against predicted, per-device memory and late steps of a finished run (a RunResult)."""
     plan = result.plan
@@ -150,10 +171,13 @@ def run_summary(result) -> str:
             f"emulation    dilation {result.dilation:.1f} (wall seconds per device second), "
             f"{result.late_steps} late of {result.steps} steps, {result.wall_s:.1f} s wall"
         )
+    for rec in getattr(result, "recoveries", []):
+        lines.append(f"recovery     {rec['summary']}")
     rows = []
-    for name in plan.device_names:
+    names = plan.device_names if len(getattr(result, "generations", [])) < 2 else list(result.devices)
+    for name in names:
         d = result.devices.get(name, {})
-        cap = plan.cluster.device(name).memory_bytes
+        cap = (getattr(result, "cluster", None) or plan.cluster).device(name).memory_bytes
         rows.append([name, gib(d.get("peak_memory_bytes", 0)), gib(cap), str(d.get("late_steps", 0))])
     lines += ["", _table(["device", "peak memory", "budget", "late steps"], rows)]
     if result.steps and result.late_steps > 0.05 * result.steps:

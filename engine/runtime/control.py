@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from engine.costmodel import Workload, score
+from engine.costmodel import Workload, link_s, score
 from engine.devices import Cluster, Device, get_kind
 from engine.errors import UserError
 from engine.events import (
@@ -37,6 +37,7 @@ from engine.events import (
     Replan,
     Replay,
 )
+from engine.models import get_model
 from engine.plan import Plan
 from engine.planners import COMPARED, NoFeasiblePlan, Problem, make_plan
 from engine.runtime import layerstate
@@ -78,10 +79,14 @@ class _Recovery:
 
 
 def replicate_every_default(plan: Plan, w: Workload, budget: float = 0.04) -> int:
-    """The replication period that costs at most `budget` of the predicted throughput: each stage's first
-    device sends its layers (weights + momentum) to its neighbour and to the coordinator."""
+    """The replication period that costs at most `budget` of the predicted throughput: at each replication
+    point each stage's first device sends its layers' weights and momentum to its neighbour and to the
+    coordinator, one after the other, over the emulated link (the model's real parameter bytes)."""
+    with torch.device("meta"):  # shapes only: nothing allocated
+        layers = get_model(plan.model).layers()
+    sizes = [sum(p.numel() * p.element_size() for p in layer.parameters()) for layer in layers]
     iteration_s = score(plan, w).iteration_s
-    worst = max(2 * (plan.cluster.latency_s + 2 * w.params(st.start, st.end) / plan.cluster.bytes_per_s) for st in plan.stages)
+    worst = max(2 * link_s(plan.cluster, 2 * sum(sizes[st.start : st.end])) for st in plan.stages)
     return max(1, int(-(-worst // (budget * iteration_s))))
 
 
@@ -160,9 +165,7 @@ class Coordinator:
     def _generation(self, number: int, plan: Plan, start: int, pieces, leaving=()) -> Generation:
         true_plan = replace(plan, cluster=self._cluster(plan.device_names, slowed=False))
         steps = device_steps(true_plan, self.w)  # the devices' own speeds: a slow one pads by its factor
-        slow = {
-            s.device: [s.iteration - 1, s.factor] for s in self.faults.slow if s.device in plan.device_names
-        }
+        slow = {s.device: [s.iteration - 1, s.factor] for s in self.faults.slow if s.device in plan.device_names}
         return Generation(
             number=number, plan=plan, steps=steps, start=start, iterations=self.opts.iterations,
             pieces=tuple(pieces), predicted_iteration_s=score(plan, self.w).iteration_s, replicate_every=self.K,
@@ -241,7 +244,9 @@ class Coordinator:
                 continue
             quiet = group_timeout(self.opts.timeout_s, self.dilation, self.generation.predicted_iteration_s) * 2
             if t - last_event > quiet:
-                raise self._fail(f"run stalled in iteration {self.committed + 1}: no device reported anything for {quiet:.0f} s")
+                raise self._fail(
+                    f"run stalled in iteration {self.committed + 1}: no device reported anything for {quiet:.0f} s"
+                )
 
     def _event(self, ev: dict) -> None:
         kind = ev.get("type")
@@ -249,7 +254,9 @@ class Coordinator:
         if kind == "iteration":
             k = ev["iteration"]
             self.iterations[k] = ev
-            self.committed = max(self.committed, k + 1) if ev.get("generation", 0) == self.generation.number else self.committed
+            self.committed = (
+                max(self.committed, k + 1) if ev.get("generation", 0) == self.generation.number else self.committed
+            )
             self._after_iteration(ev)
         elif kind == "device-start":
             self.dilation = self.dilation or ev.get("dilation")
@@ -272,7 +279,9 @@ class Coordinator:
         r = self.recovery
         gen = self.generation
         if r is not None and ev["iteration"] >= r.interrupted and ev.get("generation") == gen.number:
-            replayed = [self.iterations[k]["iteration_s"] for k in range(gen.start, ev["iteration"] + 1) if k in self.iterations]
+            replayed = [
+                self.iterations[k]["iteration_s"] for k in range(gen.start, ev["iteration"] + 1) if k in self.iterations
+            ]
             restore = max(r.restore_s.values(), default=0.0)
             real = time.monotonic() - r.failed_at
             rec = Recovered(
@@ -326,7 +335,7 @@ class Coordinator:
         dead = {}
         for name in self.generation.ranks:
             code = self.procs.exitcode(name)
-            if name in self.done or (code == 0 and name in self.generation.leaving):
+            if name in self.done or code == 0:  # finished (its last events may still be in the queue) or left
                 continue
             if code is not None:
                 dead[name] = self.procs.why(name)
@@ -389,14 +398,19 @@ class Coordinator:
             raise self._fail(
                 f"every device was lost ({', '.join(f'{n}: {w}' for n, w in dead.items())}); the central replica "
                 f"as of iteration {self.central_done} is in {self.run_dir}: continue with --resume {self.run_dir}",
-                next(iter(dead)), interrupted + 1,
+                next(iter(dead)),
+                interrupted + 1,
             )
         plan, planning = self._replan(survivors, dead)
-        copies += self._central_copies()
+        copies += [*self._central_copies(), seed_copy(self.w.num_layers)]
         t = rollback_point(self.w.num_layers, copies)
         pieces = restore_pieces(plan, t, copies)
-        nxt = self._generation(gen.number + 1, plan, t, pieces)
-        self.emit(Replan(nxt.number, plan.to_dict(), planning, reason, plan.predicted.throughput if plan.predicted else 0.0).to_message())
+        nxt = self._generation(gen.number + 1, plan, t, pieces, _sources_outside(plan, pieces))
+        self.emit(
+            Replan(
+                nxt.number, plan.to_dict(), planning, reason, plan.predicted.throughput if plan.predicted else 0.0
+            ).to_message()
+        )
         self.plans.append({"generation": nxt.number, "plan": plan.to_dict(), "reason": reason, "start": t})
         if t < interrupted + 1:
             self.emit(Replay(t + 1, interrupted + 1, nxt.number).to_message())
@@ -414,7 +428,9 @@ class Coordinator:
             failed_at, throughput = earlier.failed_at, earlier.throughput_before
             interrupted = max(interrupted, earlier.interrupted)
             summary = f"{earlier.summary}; then {summary}"
-        self.recovery = _Recovery(nxt.number, failed_at, interrupted, detected - failed_at, planning, throughput, summary)
+        self.recovery = _Recovery(
+            nxt.number, failed_at, interrupted, detected - failed_at, planning, throughput, summary
+        )
         self.committed = t
         self._publish(nxt, self._central_pieces(nxt))
 
@@ -439,7 +455,8 @@ class Coordinator:
                 f"cannot go on after {lost}: the {len(names)} remaining device(s) ({', '.join(names)}) cannot hold "
                 f"{self.plan.model} at batch size {self.plan.batch_size}; the central replica as of iteration "
                 f"{self.central_done} is in {self.run_dir}",
-                next(iter(dead), ""), self.committed + 1,
+                next(iter(dead), ""),
+                self.committed + 1,
             )
         return plan, time.monotonic() - started
 
@@ -450,7 +467,9 @@ class Coordinator:
         for name in gen.plan.device_names:
             copies += [Copy(**c) for c in json.loads(self.store.get(gen_key(gen.number, "held", name)))]
         boundary = self.committed
-        leaving = [lv.device for lv in self.pending_leave if lv.iteration <= boundary and lv.device in gen.plan.device_names]
+        leaving = [
+            lv.device for lv in self.pending_leave if lv.iteration <= boundary and lv.device in gen.plan.device_names
+        ]
         self.pending_leave = [lv for lv in self.pending_leave if lv.device not in leaving]
         joining = [j for j in self.pending_join if j.iteration <= boundary]
         self.pending_join = [j for j in self.pending_join if j not in joining]
@@ -475,13 +494,18 @@ class Coordinator:
             self.emit(self.repartition)
         plan, planning = self._replan(names, {})
         pieces = restore_pieces(plan, boundary, copies)
+        leaving = [*leaving, *(n for n in _sources_outside(plan, pieces) if n not in leaving)]
         nxt = self._generation(gen.number + 1, plan, boundary, pieces, leaving)
         for name in leaving:
             self.emit(DeviceLeft(name, boundary, nxt.number).to_message())
         for name, kind in new:
             self._spawn(name, nxt.number)
             self.emit(DeviceJoined(name, kind, boundary, nxt.number).to_message())
-        self.emit(Replan(nxt.number, plan.to_dict(), planning, reason, plan.predicted.throughput if plan.predicted else 0.0).to_message())
+        self.emit(
+            Replan(
+                nxt.number, plan.to_dict(), planning, reason, plan.predicted.throughput if plan.predicted else 0.0
+            ).to_message()
+        )
         self.plans.append({"generation": nxt.number, "plan": plan.to_dict(), "reason": reason, "start": boundary})
         self._publish(nxt, {})
 
@@ -500,8 +524,11 @@ class Coordinator:
                 if (st.start, st.end) not in parts and has_bytes(self.store, k):
                     parts[(st.start, st.end)] = layerstate.from_bytes(get_bytes(self.store, k, delete=True))
             covered = sorted(parts)
-            if covered and covered[0][0] == 0 and covered[-1][1] == self.w.num_layers and all(
-                a[1] == b[0] for a, b in zip(covered, covered[1:])
+            if (
+                covered
+                and covered[0][0] == 0
+                and covered[-1][1] == self.w.num_layers
+                and all(a[1] == b[0] for a, b in zip(covered, covered[1:]))
             ):
                 self.central_done = t
                 self._persist(t)
@@ -543,6 +570,12 @@ class Coordinator:
     def _fail(self, message: str, device: str = "", iteration: int = 0) -> RunFailed:
         self.store.set(key("end"), f"failed: {message}")
         return RunFailed(message, device, iteration)
+
+
+def _sources_outside(plan: Plan, pieces) -> list[str]:
+    """Devices the new plan leaves out that still hand over layers: they take part in the restore, then exit."""
+    members = set(plan.device_names)
+    return sorted({p.source for p in pieces if not p.local and p.source != CENTRAL and p.source not in members})
 
 
 def _atomic(path: Path, data: bytes) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from engine.costmodel import Workload, score
 from engine.data import get_dataset
+from engine.devices import Cluster
 from engine.errors import UserError
 from engine.events import RunStart, RunStop, StepEvent
 from engine.metrics import measured_iteration_s
@@ -49,6 +50,7 @@ class RunResult:
     recoveries: list[dict] = field(default_factory=list)  # one `recovered` event per recovery
     changes: list[dict] = field(default_factory=list)  # the fault-tolerance events in order (lost, replan, ...)
     replicate_every: int = 0
+    cluster: Cluster | None = None  # every device that took part (joined ones too)
 
     @property
     def loss(self) -> list[float]:
@@ -166,6 +168,7 @@ def train(
         recoveries=coordinator.recoveries,
         changes=changes,
         replicate_every=coordinator.K,
+        cluster=coordinator.true_cluster,
     )
 
 

@@ -49,7 +49,7 @@ from engine.runtime.emulation import Clock, MemoryMeter, group_timeout, now
 from engine.runtime.faults import Fail
 from engine.runtime.options import RunOptions
 from engine.runtime.processes import error_event
-from engine.runtime.recovery import CENTRAL, SEED, Copy, Piece, neighbour, seed_copy
+from engine.runtime.recovery import CENTRAL, SEED, Copy, Piece, neighbour
 from engine.runtime.stage import PeerLost, boundary_examples, calibrated_clock, gloo_message, part_state_dict
 from engine.schedule import one_f_one_b
 from engine.steps import DeviceSteps
@@ -123,7 +123,10 @@ def _static_generation(cfg: DeviceConfig) -> Generation:
     """The one generation of a run without a coordinator: the plan as given, from the seed."""
     plan, opts = cfg.plan, cfg.options
     pieces = tuple(
-        Piece(s.name, st.start, st.end, SEED, SEED, 0) for st in plan.stages for s in st.devices if s.name == cfg.steps.name
+        Piece(s.name, st.start, st.end, SEED, SEED, 0)
+        for st in plan.stages
+        for s in st.devices
+        if s.name == cfg.steps.name
     )
     return Generation(
         number=opts.generation, plan=plan, steps={cfg.steps.name: cfg.steps}, start=0, iterations=opts.iterations,
@@ -383,11 +386,15 @@ class _Device:
         sends = []
         for i, p in enumerate(gen.pieces):
             if p.source == self.name and p.to != self.name:
-                data = torch.frombuffer(bytearray(layerstate.to_bytes(self._states(p.kind, p.start, p.end))), dtype=torch.uint8)
+                data = torch.frombuffer(
+                    bytearray(layerstate.to_bytes(self._states(p.kind, p.start, p.end))), dtype=torch.uint8
+                )
                 size = torch.tensor([data.numel()], dtype=torch.int64)
                 dst = self.ranks[p.to]
                 sends.append((size, self._post(self.world.send, "sending layers", [size], dst, RESTORE_TAG + 2 * i)))
-                sends.append((data, self._post(self.world.send, "sending layers", [data], dst, RESTORE_TAG + 2 * i + 1)))
+                sends.append(
+                    (data, self._post(self.world.send, "sending layers", [data], dst, RESTORE_TAG + 2 * i + 1))
+                )
         got: layerstate.LayerStates = {}
         for i, p in enumerate(gen.pieces):
             if p.to != self.name:
@@ -401,15 +408,25 @@ class _Device:
             else:
                 src = self.ranks[p.source]
                 size = torch.zeros(1, dtype=torch.int64)
-                self._wait(self._post(self.world.recv, "receiving layers", [size], src, RESTORE_TAG + 2 * i), f"layers from {p.source}")
+                self._wait(
+                    self._post(self.world.recv, "receiving layers", [size], src, RESTORE_TAG + 2 * i),
+                    f"layers from {p.source}",
+                )
                 data = torch.empty(int(size), dtype=torch.uint8)
-                self._wait(self._post(self.world.recv, "receiving layers", [data], src, RESTORE_TAG + 2 * i + 1), f"layers from {p.source}")
+                self._wait(
+                    self._post(self.world.recv, "receiving layers", [data], src, RESTORE_TAG + 2 * i + 1),
+                    f"layers from {p.source}",
+                )
                 states, nbytes = layerstate.from_bytes(data.numpy().tobytes()), int(size)
             seconds = link_s(gen.plan.cluster, nbytes) if nbytes else 0.0
             self.clock.pad(start, seconds, compute=False)  # the emulated link: device seconds of the transfer
             got.update(states)
             if gen.number > 0 or p.kind != SEED:
-                self.emit(Restore(self.name, p.start, p.end, p.source, p.kind, p.iteration, nbytes, seconds, gen.number).to_message())
+                self.emit(
+                    Restore(
+                        self.name, p.start, p.end, p.source, p.kind, p.iteration, nbytes, seconds, gen.number
+                    ).to_message()
+                )
         for _, work in sends:
             self._wait(work, "handing over layers")
         if self.name in gen.leaving:
@@ -418,7 +435,9 @@ class _Device:
         momentum = layerstate.apply(self.layers, got)
         stage = next(st for st in gen.plan.stages if self.name in [s.name for s in st.devices])
         self.own = (stage.start, stage.end)
-        self.params = [p for layer in self.layers[stage.start : stage.end] for p in layer.parameters() if p.requires_grad]
+        self.params = [
+            p for layer in self.layers[stage.start : stage.end] for p in layer.parameters() if p.requires_grad
+        ]
         self.optimizer = None
         if self.params:
             self.optimizer = torch.optim.SGD(self.params, lr=self.opts.lr, momentum=self.opts.momentum)
@@ -543,7 +562,10 @@ class _Device:
                         x.requires_grad_(True)
                     y = load(self.data, self._slice(indices, mb))[1] if self.last else None
                     start = now()
-                    with self.memory.forward(mb), sample_draws(self.opts.seed, k, range(mb * m + st.lo, mb * m + st.hi)):
+                    with (
+                        self.memory.forward(mb),
+                        sample_draws(self.opts.seed, k, range(mb * m + st.lo, mb * m + st.hi)),
+                    ):
                         out = self.module(x)
                         if self.last:
                             # sum over this device's samples / global batch: the mean-loss gradient of the whole batch
@@ -647,7 +669,11 @@ class _Device:
         source = None
         if len(self.plan.stages) > 1:
             prev = self.plan.stages[(self.stage - 1) % len(self.plan.stages)]
-            source = prev.devices[0].name if neighbour(self.plan, (self.stage - 1) % len(self.plan.stages)) == self.name else None
+            source = (
+                prev.devices[0].name
+                if neighbour(self.plan, (self.stage - 1) % len(self.plan.stages)) == self.name
+                else None
+            )
         works, seconds = [], 0.0
         if sender:
             data = layerstate.to_bytes(self.snapshot[1])
@@ -664,9 +690,14 @@ class _Device:
         if source is not None:
             src = self.ranks[source]
             size = torch.zeros(1, dtype=torch.int64)
-            self._wait(self._post(self.train.recv, "the replica", [size], src, REPLICA_TAG), f"the replica from {source}")
+            self._wait(
+                self._post(self.train.recv, "the replica", [size], src, REPLICA_TAG), f"the replica from {source}"
+            )
             payload = torch.empty(int(size), dtype=torch.uint8)
-            self._wait(self._post(self.train.recv, "the replica", [payload], src, REPLICA_TAG + 1), f"the replica from {source}")
+            self._wait(
+                self._post(self.train.recv, "the replica", [payload], src, REPLICA_TAG + 1),
+                f"the replica from {source}",
+            )
             self.replica = (t, layerstate.from_bytes(payload.numpy().tobytes()))
             seconds = max(seconds, link_s(self.cluster, int(size)))
         for _, work in works:
@@ -683,7 +714,9 @@ class _Device:
             part = buf.getvalue()
         clock = self.clock
         self.emit(
-            DeviceDone(self.name, clock.late, clock.steps, clock.overrun_s, self.memory.peak, state_dict=part).to_message()
+            DeviceDone(
+                self.name, clock.late, clock.steps, clock.overrun_s, self.memory.peak, state_dict=part
+            ).to_message()
         )
         try:
             self._wait(self._post(self.train.barrier, "the final barrier"), "the final barrier")

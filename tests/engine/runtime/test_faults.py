@@ -1,0 +1,183 @@
+"""Fault tolerance: a run that loses, gains or slows devices ends with the same model as one that did not."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+
+from engine.errors import UserError
+from engine.runtime.coordinator import RunFailed
+from engine.runtime.faults import FaultArgs, Faults, Join, Leave, parse_fail
+from engine.runtime.launcher import RunOptions, train
+from tests.engine.runtime.helpers import cluster_of, make_plan, model_workload
+
+MODEL = "gpt-small"  # no BatchNorm, no dropout: every sample is computed on its own, so the result is exact
+# a single-device stage, a two-device stage with uneven shares, and another two-device stage
+STAGES = [(0, 5, [("nx-0", 4)]), (5, 11, [("tx2-1", 3), ("nano-2", 1)]), (11, 15, [("nano-3", 1), ("tx2-4", 3)])]
+OPTIONS = RunOptions(iterations=5, emulate=False, save_model=True, timeout_s=30)
+
+
+def _plan():
+    return make_plan(MODEL, cluster_of("nx", "tx2", "nano", "nano", "tx2"), 8, 2, STAGES)
+
+
+def _train(faults=Faults(), **kwargs):
+    events = []
+    result = train(_plan(), model_workload(MODEL), OPTIONS, events.append, faults=faults, replicate_every=2, **kwargs)
+    return result, events
+
+
+@pytest.fixture(scope="module")
+def reference():
+    result, _ = _train()
+    return result
+
+
+def _same(result, reference):
+    assert [round(x, 4) for x in result.loss] == [round(x, 4) for x in reference.loss]
+    assert result.state_dict.keys() == reference.state_dict.keys()
+    worst = max((result.state_dict[k] - reference.state_dict[k]).abs().max().item() for k in reference.state_dict)
+    assert worst < 1e-5
+
+
+def _kinds(events, kind):
+    return [e for e in events if e["type"] == kind]
+
+
+def test_a_device_of_a_multi_device_stage_lost_mid_backward(reference):
+    result, events = _train(Faults(fail=(parse_fail("tx2-1@4:backward"),)))
+    _same(result, reference)
+    (lost,) = _kinds(events, "device-lost")
+    assert (lost["device"], lost["iteration"]) == ("tx2-1", 4)
+    (rec,) = result.recoveries
+    assert rec["iterations_lost"] == 0 and rec["real_s"] > 0 and "tx2-1 lost during iteration 4" in rec["summary"]
+    assert "tx2-1" not in result.devices and len(result.generations) == 2
+    assert [it["iteration"] for it in result.iterations] == list(range(5))  # replayed ones replace, not duplicate
+
+
+def test_the_single_device_of_a_stage_lost_restores_its_layers_from_the_neighbour_replica(reference):
+    result, events = _train(Faults(fail=(parse_fail("nx-0@4:forward"),)))
+    _same(result, reference)
+    got = {(e["start"], e["end"], e["copy"]) for e in _kinds(events, "restore") if e["source"] == "tx2-1"}
+    assert (0, 5, "replica") in got  # nx-0's layers lived only on it and, as of iteration 2, on its neighbour
+    (replay,) = _kinds(events, "replay")
+    assert (replay["first"], replay["last"]) == (3, 4)
+
+
+def test_an_owner_and_its_replica_holder_lost_together_restore_from_the_central_replica(reference, tmp_path):
+    faults = Faults(fail=(parse_fail("nx-0@4:all-reduce"), parse_fail("tx2-1@4:all-reduce")))
+    result, events = _train(faults, run_dir=tmp_path)
+    _same(result, reference)
+    central = [e for e in _kinds(events, "restore") if e["source"] == "central"]
+    assert central and all(e["iteration"] == 2 for e in central)
+    assert {(e["start"], e["end"]) for e in central} >= {(0, 5)}
+    assert (tmp_path / "central.pt").exists() and json.loads((tmp_path / "run.json").read_text())["model"] == MODEL
+
+
+def test_a_graceful_leave_and_a_join_lose_nothing_and_replay_nothing(reference):
+    result, events = _train(Faults(leave=(Leave("nano-3", 2),), join=(Join("nx", 3),)))
+    _same(result, reference)
+    assert [e["device"] for e in _kinds(events, "device-left")][0] == "nano-3"  # (the planner may drop more)
+    (joined,) = _kinds(events, "device-joined")
+    assert joined["kind"] == "jetson-xavier-nx" and joined["device"] in result.devices
+    assert not _kinds(events, "replay") and not _kinds(events, "device-lost")
+    assert [g["reason"] for g in result.generations] == ["start", "left", "joined"]
+
+
+def test_a_device_killed_from_outside_by_pid_is_recovered(reference):
+    pids, events = {}, []
+
+    def on_event(ev):
+        events.append(ev)
+        if ev["type"] == "device-start" and ev["generation"] == 0:
+            pids[ev["device"]] = ev["pid"]
+        if ev["type"] == "iteration" and ev["iteration"] == 1 and "killed" not in pids:
+            pids["killed"] = True
+            threading.Timer(0.05, os.kill, (pids["nano-2"], signal.SIGKILL)).start()
+
+    result = train(_plan(), model_workload(MODEL), OPTIONS, on_event, replicate_every=2)
+    _same(result, reference)
+    assert [e["device"] for e in _kinds(events, "device-lost")] == ["nano-2"]
+    assert "SIGKILL" in _kinds(events, "device-lost")[0]["cause"]
+
+
+def test_losing_every_device_ends_with_a_clear_error_and_the_central_replica_on_disk(tmp_path):
+    faults = Faults(fail=tuple(parse_fail(f"{n}@4:backward") for n in ("nx-0", "tx2-1", "nano-2", "nano-3", "tx2-4")))
+    started = time.monotonic()
+    with pytest.raises(RunFailed, match="central replica as of iteration 2"):
+        _train(faults, run_dir=tmp_path)
+    assert time.monotonic() - started < 120
+    assert torch.load(tmp_path / "central.pt", weights_only=True)["iteration"] == 2
+
+
+def test_a_killed_coordinator_resumes_from_its_central_replica(reference, tmp_path):
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(json.dumps(_plan().to_dict()))
+    run_dir, saved = tmp_path / "run", tmp_path / "model.pt"
+    cmd = [sys.executable, "-m", "engine", "train", "--plan", str(plan_file), "--iterations", "5", "--json"]
+    coordinator = subprocess.Popen(
+        [*cmd, "--run-dir", str(run_dir), "--replicate-every", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    deadline = time.monotonic() + 120
+    while not (run_dir / "central.pt").exists() and time.monotonic() < deadline and coordinator.poll() is None:
+        time.sleep(0.05)
+    coordinator.kill()  # its devices die with it
+    coordinator.wait()
+    assert (run_dir / "central.pt").exists()
+    out = subprocess.run(
+        [sys.executable, "-m", "engine", "train", "--resume", str(run_dir), "--save", str(saved), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert out.returncode == 0, out.stderr
+    state = torch.load(saved, weights_only=True)
+    worst = max((state[k] - reference.state_dict[k]).abs().max().item() for k in reference.state_dict)
+    assert worst < 1e-5
+    assert json.loads(out.stdout)["loss"][-1] == pytest.approx(reference.loss[-1], abs=1e-4)
+
+
+def test_a_batch_norm_model_recovers_and_its_loss_goes_on():
+    plan = make_plan(
+        "mobilenetv2",
+        cluster_of("nx", "tx2", "nano"),
+        8,
+        2,
+        [(0, 8, [("nx-0", 4)]), (8, 21, [("tx2-1", 2), ("nano-2", 2)])],
+    )
+    options = RunOptions(iterations=5, emulate=False, timeout_s=30, dataset_size=64)
+    result = train(
+        plan, model_workload("mobilenetv2"), options, faults=Faults(fail=(parse_fail("tx2-1@3"),)), replicate_every=2
+    )
+    assert len(result.loss) == 5 and all(x == x for x in result.loss)
+    assert len(result.recoveries) == 1
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (FaultArgs(fail=["tx2-1"]), "--fail must look like DEV@IT"),
+        (FaultArgs(fail=["tx2-1@0"]), "whole number from 1"),
+        (FaultArgs(fail=["tx2-1@3:lunch"]), "phase must be one of"),
+        (FaultArgs(slow=["tx2-1@3"]), "FACTOR must be a number"),
+        (FaultArgs(slow=["tx2-1@3:0.5"]), "FACTOR must be a number"),
+        (FaultArgs(join=["toaster@3"]), "toaster"),
+    ],
+)
+def test_bad_fault_flags_are_one_clear_error(flags, message):
+    with pytest.raises(UserError, match=message):
+        flags.parse()
+
+
+def test_faults_naming_unknown_devices_or_iterations_past_the_run_are_refused():
+    cluster = _plan().cluster
+    with pytest.raises(UserError, match="not in cluster"):
+        Faults(fail=(parse_fail("tx9-9@2"),)).check(cluster, 5)
+    with pytest.raises(UserError, match="iterations 1 to 5"):
+        Faults(fail=(parse_fail("tx2-1@6"),)).check(cluster, 5)
