@@ -144,21 +144,31 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="run a benchmark and print its tables")
     b.add_argument(
         "name",
-        choices=["planner", "reproduce"],
-        help="planner: planning time and predicted throughput; reproduce: train every method on clusters A-D",
+        choices=["planner", "reproduce", "recovery"],
+        help="planner: planning time and predicted throughput; reproduce: train every method on clusters A-D; "
+        "recovery: recovery from killed devices against a checkpoint-restart baseline",
     )
     b.add_argument("--quick", action="store_true", help="a small grid, for a fast look")
     b.add_argument("--timeout", type=_positive_float, default=60.0, help="planner: seconds allowed per cell")
     b.add_argument("--output", help="also write the markdown report to this file")
-    b.add_argument("--clusters", default="ABCD", help="reproduce: clusters to run (default ABCD)")
-    b.add_argument("--models", help="reproduce: comma-separated models (default: the paper's four)")
-    b.add_argument("--bandwidths", default="1000,100", help="reproduce: comma-separated Mbps (default 1000,100)")
+    b.add_argument("--clusters", default="ABCD", help="reproduce, recovery: clusters to run (default ABCD)")
+    b.add_argument("--models", help="reproduce, recovery: comma-separated models (default: the paper's four)")
+    b.add_argument(
+        "--bandwidths", default="1000,100", help="reproduce, recovery: comma-separated Mbps (default 1000,100)"
+    )
     b.add_argument("--methods", help="reproduce: comma-separated methods (default: all five)")
-    b.add_argument("--iterations", type=_positive_int, default=2, help="reproduce: iterations per run (default 2)")
+    b.add_argument(
+        "--iterations",
+        type=_positive_int,
+        help="reproduce: iterations per run (default 2); recovery: iterations per run, the failure in the middle "
+        "(default 8, the failure in iteration 5)",
+    )
     b.add_argument(
         "--budget", type=float, default=120.0, help="reproduce: wall seconds a run may take, 0 for no limit (120)"
     )
-    b.add_argument("--figure", help="reproduce: write the Plotly figure to this path (.html, and .png if possible)")
+    b.add_argument(
+        "--figure", help="reproduce, recovery: write the Plotly figure to this path (.html, and .png if possible)"
+    )
     b.add_argument("--record", help="reproduce: keep every run as JSON in this file (rewritten after each run)")
     b.add_argument(
         "--from-record",

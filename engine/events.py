@@ -267,13 +267,14 @@ class Recovered(Event):
 
     TYPE = "recovered"
     NON_NEGATIVE = (
-        "generation", "real_s", "device_s", "detection_real_s", "planning_real_s", "setup_real_s",
+        "generation", "real_s", "device_s", "wall_s", "detection_real_s", "planning_real_s", "setup_real_s",
         "restore_device_s", "replay_device_s", "throughput_before", "throughput_after",
     )  # fmt: skip
 
     generation: int
-    real_s: float  # from the failure to the first new iteration completed, real seconds
-    device_s: float  # restore + replayed compute, device seconds (never added to real seconds)
+    real_s: float  # control plane, real seconds: detection (until every survivor paused) + planning + new groups
+    device_s: float  # data plane, device seconds: restore + replayed compute (never added to real seconds)
+    wall_s: float = 0.0  # the host's wall clock from the failure to the interrupted iteration done again
     detection_real_s: float = 0.0
     planning_real_s: float = 0.0
     setup_real_s: float = 0.0

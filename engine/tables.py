@@ -140,7 +140,10 @@ def change_line(ev: dict) -> str:
     """One line for a fault-tolerance event (a lost device, a recovery, a leave, a join, a re-partition)."""
     kind = ev["type"]
     if kind == "device-lost":
-        return f"{ev['device']} lost during iteration {ev['iteration']} ({ev['cause']}), noticed in {ev['detected_real_s']:.2f} s"
+        return (
+            f"{ev['device']} lost during iteration {ev['iteration']} ({ev['cause']}), "
+            f"survivors paused {ev['detected_real_s']:.2f} s after the failure"
+        )
     if kind == "recovered":
         return ev["summary"]
     if kind == "device-left":

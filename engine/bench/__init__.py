@@ -1,4 +1,5 @@
-"""Benchmarks, kept apart from the library: `python -m engine bench planner|reproduce` (arguments in engine/cli.py).
+"""Benchmarks, kept apart from the library: `python -m engine bench planner|reproduce|recovery` (arguments in
+engine/cli.py).
 
 planner.py: planning time and every method's predicted throughput; reproduce.py: every method trained on emulated
 clusters A-D, and its summaries as plain data; render.py: those summaries as markdown and a Plotly figure.
@@ -15,7 +16,7 @@ from engine.errors import UserError
 
 def run(args: argparse.Namespace) -> str:
     """The markdown report of the benchmark `args.name`, from the `python -m engine bench` arguments."""
-    return {"planner": run_planner, "reproduce": run_reproduce}[args.name](args)
+    return {"planner": run_planner, "reproduce": run_reproduce, "recovery": run_recovery}[args.name](args)
 
 
 def run_planner(args: argparse.Namespace) -> str:
@@ -63,7 +64,7 @@ def run_reproduce(args: argparse.Namespace) -> str:
             models,
             bandwidths,
             methods,
-            iterations=args.iterations,
+            iterations=args.iterations or 2,
             budget_s=args.budget,
             progress=sys.stderr.isatty(),
             record=Path(args.record) if args.record else None,
@@ -72,3 +73,41 @@ def run_reproduce(args: argparse.Namespace) -> str:
         for path in render.figure(runs, Path(args.figure)):
             print(f"figure written to {path}", file=sys.stderr)
     return render.report(runs, command)
+
+
+def run_recovery(args: argparse.Namespace) -> str:
+    """Check the recovery arguments, run every cell (quick: cluster C, two models, 1000 Mbps, one device killed)."""
+    from engine.bench import recovery
+    from engine.devices import CLUSTERS
+    from engine.models import get_model
+
+    clusters = args.clusters.upper()
+    if not clusters or any(c not in CLUSTERS for c in clusters):
+        raise UserError(f"--clusters takes letters of {''.join(CLUSTERS)}, got {args.clusters!r}")
+    if args.models:
+        models = tuple(m.strip() for m in args.models.split(",") if m.strip())
+        for m in models:
+            get_model(m)
+    else:
+        models = recovery.QUICK_MODELS if args.quick else recovery.MODELS
+    try:
+        bandwidths = tuple(float(x) for x in args.bandwidths.split(","))
+    except ValueError:
+        raise UserError(f"--bandwidths takes comma-separated numbers, got {args.bandwidths!r}") from None
+    if any(not b > 0 for b in bandwidths):
+        raise UserError("--bandwidths must be positive")
+    iterations = args.iterations or recovery.ITERATIONS
+    if iterations < 3:
+        raise UserError("bench recovery needs --iterations of at least 3 (before, during and after the failure)")
+    fail_at = min(recovery.FAIL_AT, iterations - 1)
+    scenarios = recovery.SCENARIOS
+    if args.quick:
+        clusters = "C" if args.clusters == "ABCD" else clusters
+        bandwidths = (1000.0,) if args.bandwidths == "1000,100" else bandwidths
+        scenarios = ("one",)
+    command = "python -m engine " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["bench"] else "bench recovery"
+    results = recovery.recovery(clusters, models, bandwidths, scenarios, iterations, fail_at)
+    if args.figure:
+        for path in recovery.figure(results, Path(args.figure)):
+            print(f"figure written to {path}", file=sys.stderr)
+    return recovery.report(results, command)

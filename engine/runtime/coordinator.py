@@ -98,7 +98,7 @@ class Coordinator:
         plan: Plan,
         workload: Workload,
         options: RunOptions,
-        faults: Faults = Faults(),
+        faults: Faults | None = None,
         emit: Emit | None = None,
         run_dir: Path | None = None,
         replicate_every: int | None = None,
@@ -106,7 +106,7 @@ class Coordinator:
         resume: dict | None = None,
         on_pids: Callable[[dict], None] | None = None,
     ):
-        self.plan, self.w, self.opts, self.faults = plan, workload, options, faults
+        self.plan, self.w, self.opts, self.faults = plan, workload, options, faults or Faults()
         self.emit = emit or (lambda _: None)
         self.run_dir = run_dir
         self.K = replicate_every_default(plan, workload) if replicate_every is None else replicate_every
@@ -125,8 +125,8 @@ class Coordinator:
         self.beats: dict[str, tuple[int, float]] = {}
         self.done: set[str] = set()
         self.dilation = options.dilation
-        self.pending_join = list(faults.join)
-        self.pending_leave = list(faults.leave)
+        self.pending_join = list(self.faults.join)
+        self.pending_leave = list(self.faults.leave)
         self.drift = 0
         self.resume = resume
         self.joined = 0
@@ -283,9 +283,11 @@ class Coordinator:
                 self.iterations[k]["iteration_s"] for k in range(gen.start, ev["iteration"] + 1) if k in self.iterations
             ]
             restore = max(r.restore_s.values(), default=0.0)
-            real = time.monotonic() - r.failed_at
+            # control plane in real seconds (detection and pause, planning, new groups); data plane in device seconds
+            real = r.detection_real_s + r.planning_real_s + r.setup_real_s
             rec = Recovered(
                 generation=gen.number, real_s=real, device_s=restore + sum(replayed),
+                wall_s=time.monotonic() - r.failed_at,
                 detection_real_s=r.detection_real_s, planning_real_s=r.planning_real_s, setup_real_s=r.setup_real_s,
                 restore_device_s=restore, replay_device_s=sum(replayed), iterations_lost=0,
                 throughput_before=r.throughput_before, throughput_after=ev["throughput"],
@@ -378,8 +380,7 @@ class Coordinator:
 
     def _recover(self, dead: dict[str, str], reason: str) -> None:
         gen = self.generation
-        detected = time.monotonic()
-        failed_at = min((self._fault_time(n) for n in dead), default=detected)
+        failed_at = min((self._fault_time(n) for n in dead), default=time.monotonic())
         self.store.set(gen_key(gen.number, "abort"), "1")
         for name in dead:
             p = self.procs.procs.get(name)
@@ -387,10 +388,11 @@ class Coordinator:
                 p.kill()
         survivors = [n for n in gen.ranks if n not in dead and n not in gen.leaving]
         copies = self._holdings(survivors, dead)
+        paused = time.monotonic()  # every survivor has stopped and said what it holds
         survivors = [n for n in survivors if n not in dead]
         interrupted = self.committed
         for name, why in dead.items():
-            self.emit(DeviceLost(name, interrupted + 1, why, detected - failed_at, gen.number).to_message())
+            self.emit(DeviceLost(name, interrupted + 1, why, paused - failed_at, gen.number).to_message())
         throughput = statistics.median(
             [it["throughput"] for it in self.iterations.values() if it.get("generation") == gen.number] or [0.0]
         )
@@ -428,9 +430,7 @@ class Coordinator:
             failed_at, throughput = earlier.failed_at, earlier.throughput_before
             interrupted = max(interrupted, earlier.interrupted)
             summary = f"{earlier.summary}; then {summary}"
-        self.recovery = _Recovery(
-            nxt.number, failed_at, interrupted, detected - failed_at, planning, throughput, summary
-        )
+        self.recovery = _Recovery(nxt.number, failed_at, interrupted, paused - failed_at, planning, throughput, summary)
         self.committed = t
         self._publish(nxt, self._central_pieces(nxt))
 

@@ -109,7 +109,7 @@ def train(
     options: RunOptions | None = None,
     on_event: Callable[[dict], None] | None = None,
     progress: bool = False,
-    faults: Faults = Faults(),
+    faults: Faults | None = None,
     run_dir: str | Path | None = None,
     replicate_every: int | None = None,
     resume: dict | None = None,
@@ -118,6 +118,7 @@ def train(
     """Train `plan` with one local process per device, recovering from lost devices; raises RunFailed when
     the run cannot go on. `resume`: the central replica of an earlier run (`coordinator.load_resume`)."""
     options = options or RunOptions()
+    faults = faults or Faults()
     prediction = score(plan, workload)
     if options.emulate and options.enforce_memory and not prediction.fits:
         over = prediction.over_memory(plan.cluster)

@@ -27,9 +27,11 @@ def _plan():
     return make_plan(MODEL, cluster_of("nx", "tx2", "nano", "nano", "tx2"), 8, 2, STAGES)
 
 
-def _train(faults=Faults(), **kwargs):
+def _train(faults=None, **kwargs):
     events = []
-    result = train(_plan(), model_workload(MODEL), OPTIONS, events.append, faults=faults, replicate_every=2, **kwargs)
+    result = train(
+        _plan(), model_workload(MODEL), OPTIONS, events.append, faults=faults or Faults(), replicate_every=2, **kwargs
+    )
     return result, events
 
 
