@@ -94,7 +94,7 @@ def test_events_are_stored_once_relayed_and_acknowledged(bob):
     device, credential = enrolled()
     job = running_job(bob, [device])
     step = {"type": "step", "device": "tx2-0", "stage": 0, "micro_batch": 0, "kind": "F", "start": 0.0, "end": 0.1,
-            "peer": "", "iteration": 0}  # fmt: skip
+            "peer": "", "iteration": 0, "generation": 0}  # fmt: skip
     iteration = {"type": "iteration", "iteration": 0, "loss": 2.3, "iteration_s": 0.08, "throughput": 100.0,
                  "late_steps": 0, "steps": 2, "time": 0.08}  # fmt: skip
 
