@@ -41,12 +41,7 @@ def run_reproduce(args: argparse.Namespace) -> str:
         models = {m: reproduce.MODELS.get(m, 16) for m in names}
     else:
         models = {"mobilenetv2": reproduce.MODELS["mobilenetv2"]} if args.quick else dict(reproduce.MODELS)
-    try:
-        bandwidths = tuple(float(x) for x in args.bandwidths.split(","))
-    except ValueError:
-        raise UserError(f"--bandwidths takes comma-separated numbers, got {args.bandwidths!r}") from None
-    if any(not b > 0 for b in bandwidths):
-        raise UserError("--bandwidths must be positive")
+    bandwidths = _bandwidths(args.bandwidths)
     methods = reproduce.METHODS
     if args.methods:
         methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
@@ -90,12 +85,7 @@ def run_recovery(args: argparse.Namespace) -> str:
             get_model(m)
     else:
         models = recovery.QUICK_MODELS if args.quick else recovery.MODELS
-    try:
-        bandwidths = tuple(float(x) for x in args.bandwidths.split(","))
-    except ValueError:
-        raise UserError(f"--bandwidths takes comma-separated numbers, got {args.bandwidths!r}") from None
-    if any(not b > 0 for b in bandwidths):
-        raise UserError("--bandwidths must be positive")
+    bandwidths = _bandwidths(args.bandwidths)
     iterations = args.iterations or recovery.ITERATIONS
     if iterations < 3:
         raise UserError("bench recovery needs --iterations of at least 3 (before, during and after the failure)")
@@ -111,3 +101,14 @@ def run_recovery(args: argparse.Namespace) -> str:
         for path in recovery.figure(results, Path(args.figure)):
             print(f"figure written to {path}", file=sys.stderr)
     return recovery.report(results, command)
+
+
+def _bandwidths(text: str) -> tuple[float, ...]:
+    """`--bandwidths`: comma-separated positive Mbps."""
+    try:
+        bandwidths = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise UserError(f"--bandwidths takes comma-separated numbers, got {text!r}") from None
+    if any(not b > 0 for b in bandwidths):
+        raise UserError("--bandwidths must be positive")
+    return bandwidths

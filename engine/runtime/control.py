@@ -53,7 +53,6 @@ class Generation:
     predicted_iteration_s: float
     replicate_every: int  # 0: no replication
     dilation: float | None  # None: calibrate (generation 0 only) or a real device
-    t0: float  # the run's start on the host's monotonic clock: every generation's times count from it
     leaving: tuple[str, ...] = ()  # devices that hand over their layers in this generation and then exit
     slow: dict[str, list] = field(default_factory=dict)  # device -> [from iteration (0-based), factor]
 
@@ -74,7 +73,6 @@ class Generation:
                 "predicted_iteration_s": self.predicted_iteration_s,
                 "replicate_every": self.replicate_every,
                 "dilation": self.dilation,
-                "t0": self.t0,
                 "leaving": list(self.leaving),
                 "slow": self.slow,
             }
@@ -97,7 +95,6 @@ class Generation:
             predicted_iteration_s=doc["predicted_iteration_s"],
             replicate_every=doc["replicate_every"],
             dilation=doc["dilation"],
-            t0=doc["t0"],
             leaving=tuple(doc["leaving"]),
             slow=doc["slow"],
         )

@@ -143,7 +143,7 @@ class Coordinator:
         cfg = DeviceConfig(
             self.plan, None, 0, "127.0.0.1", self.store.port, replace(self.opts, generation=generation),
             predicted_iteration_s=score(self.plan, self.w).iteration_s, coordinated=True, name=name,
-            fails=self.faults.fails_of(name), replicate_every=self.K,
+            fails=self.faults.fails_of(name),
         )  # fmt: skip
         self.procs.add(name, run_device, cfg)
         self.procs.procs[name].start()
@@ -169,7 +169,7 @@ class Coordinator:
         return Generation(
             number=number, plan=plan, steps=steps, start=start, iterations=self.opts.iterations,
             pieces=tuple(pieces), predicted_iteration_s=score(plan, self.w).iteration_s, replicate_every=self.K,
-            dilation=self.dilation, t0=0.0, leaving=tuple(leaving), slow=slow,
+            dilation=self.dilation, leaving=tuple(leaving), slow=slow,
         )  # fmt: skip
 
     def _cluster(self, names: list[str], slowed: bool = True) -> Cluster:

@@ -108,7 +108,6 @@ class DeviceConfig:
     coordinated: bool = False  # a coordinator drives generations through the store (the launcher)
     name: str = ""  # coordinated: this device's name (a device that joins later is in no plan yet)
     fails: tuple[Fail, ...] = ()  # injected failures of this device
-    replicate_every: int = 0
 
     @property
     def world_size(self) -> int:
@@ -131,7 +130,6 @@ def _static_generation(cfg: DeviceConfig) -> Generation:
     return Generation(
         number=opts.generation, plan=plan, steps={cfg.steps.name: cfg.steps}, start=0, iterations=opts.iterations,
         pieces=pieces, predicted_iteration_s=cfg.predicted_iteration_s, replicate_every=0, dilation=opts.dilation,
-        t0=0.0,
     )  # fmt: skip
 
 
