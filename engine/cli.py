@@ -160,9 +160,20 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--iterations",
         type=_positive_int,
-        help="reproduce: iterations per run (default 2); recovery: iterations per run, the failure in the middle "
-        "(default 8, the failure in iteration 5)",
+        help="reproduce: iterations per run (default 2); recovery: iterations per run (default 10, the failure in "
+        "iteration 6, or the one before the last in shorter runs)",
     )
+    b.add_argument(
+        "--scenarios",
+        help="recovery: comma-separated failures among one (tx2-1), nx (the only NX of a cluster), stage (the device "
+        "of a single-device stage), two (two devices at once); default all (--quick: one)",
+    )
+    b.add_argument(
+        "--replicate-every",
+        type=_positive_int,
+        help="recovery: replication period K of ours, also the restart's checkpoint period (default 2)",
+    )
+    b.add_argument("--batch-size", type=_positive_int, default=32, help="recovery: global batch size (default 32)")
     b.add_argument(
         "--budget", type=float, default=120.0, help="reproduce: wall seconds a run may take, 0 for no limit (120)"
     )

@@ -14,6 +14,12 @@ its devices. A stage of g >= 2 devices ring-all-reduces its gradients once per i
 
 which is exactly (M + S - 1)(f + b) for equal stages. Memory of a device in the stage with k stages
 after it (itself included): weights + gradients + optimizer state + n * (min(k, M) * saved + peak).
+
+Fault tolerance (replication every K iterations): at a replication point each stage's first device sends
+its layers' weights and optimizer state to its neighbour (the next stage's first device, wrapping around)
+and to the coordinator, one after the other over its link; the slowest stage's copy adds to that iteration,
+K-th of it to the average one. Every device then holds a snapshot of its own layers' weights and optimizer
+state, and each stage's neighbour the replica it received.
 """
 
 from __future__ import annotations
@@ -232,8 +238,35 @@ def iteration_time(stage_times: list[float], allreduces: list[float], micro_batc
     return sum(stage_times) + (micro_batches - 1) * max(stage_times) + max(allreduces)
 
 
-def score(plan: Plan, w: Workload) -> Prediction:
-    """Predicted iteration time, throughput, bubble fraction and memory of any plan (fits or not)."""
+def replica_bytes(w: Workload, i: int, j: int) -> int:
+    """The bytes a replica of layers [i, j) takes: their weights and optimizer state."""
+    return w.static_bytes(i, j) - w.params(i, j)  # weights + gradients + optimizer state, less the gradients
+
+
+def replication_s(plan: Plan, w: Workload) -> float:
+    """Device seconds one replication point adds to its iteration: the slowest stage's two copies (to the
+    neighbour and to the coordinator; one-stage plans only the latter) or the largest replica received."""
+    copies = 2 if len(plan.stages) > 1 else 1
+    return max(copies * link_s(plan.cluster, replica_bytes(w, st.start, st.end)) for st in plan.stages)
+
+
+def replication_memory(plan: Plan, w: Workload) -> dict[str, int]:
+    """The bytes each device holds for fault tolerance: a snapshot of its own layers and, on each stage's
+    neighbour, the replica of the stage before it."""
+    held = {}
+    S = len(plan.stages)
+    for s, st in enumerate(plan.stages):
+        for d in st.devices:
+            held[d.name] = replica_bytes(w, st.start, st.end)
+        if S > 1:
+            prev = plan.stages[(s - 1) % S]
+            held[st.devices[0].name] += replica_bytes(w, prev.start, prev.end)
+    return held
+
+
+def score(plan: Plan, w: Workload, replicate_every: int = 0) -> Prediction:
+    """Predicted iteration time, throughput, bubble fraction and memory of any plan (fits or not); with
+    `replicate_every` K > 0, the average iteration and the memory include replication (see the top)."""
     plan.validate(w.num_layers)
     if plan.model != w.model:
         raise UserError(f"plan is for model {plan.model!r} but the workload is {w.model!r}")
@@ -249,6 +282,11 @@ def score(plan: Plan, w: Workload) -> Prediction:
             fits &= memory[s.name] <= cluster.device(s.name).memory_bytes
             busy += M * (t.fixed + s.samples * t.per_sample)
     total = iteration_time(times, reduces, M)
+    if replicate_every > 0:
+        total += replication_s(plan, w) / replicate_every
+        for name, extra in replication_memory(plan, w).items():
+            memory[name] += extra
+        fits = all(b <= cluster.device(n).memory_bytes for n, b in memory.items())
     bubble = 1 - busy / (len(memory) * total)
     return Prediction(total, plan.batch_size / total, bubble, memory, fits)
 

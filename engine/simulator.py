@@ -5,14 +5,16 @@ the same numbers the emulated runtime pads to. Each device runs its stage's 1F1B
 its own slice of every micro-batch. A forward waits for every input slice from the previous stage, a
 backward for every gradient slice from the next; after a step the device sends each neighbour exactly the
 intersection of their two sample ranges (blocking: the device is busy while it sends). After its last
-backward a stage all-reduces its gradients.
+backward a stage all-reduces its gradients. An iteration that ends at a replication point (`replicate`)
+then has each stage's first device copy its layers to its neighbour and to the coordinator, as the
+runtime does once every device has committed the iteration.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.costmodel import Workload, score
+from engine.costmodel import Workload, link_s, replica_bytes, score
 from engine.events import StepEvent
 from engine.plan import Plan
 from engine.schedule import one_f_one_b
@@ -45,7 +47,7 @@ class Simulation:
         return doc
 
 
-def simulate(plan: Plan, w: Workload) -> Simulation:
+def simulate(plan: Plan, w: Workload, replicate: bool = False) -> Simulation:
     prediction = score(plan, w)  # validates the plan and gives memory and the closed form
     M, S = plan.micro_batches, len(plan.stages)
     schedule = one_f_one_b(S, M)
@@ -109,6 +111,20 @@ def simulate(plan: Plan, w: Workload) -> Simulation:
                 events.append(StepEvent(n, s, -1, "all-reduce", start, start + ar))
                 clock[n] = start + ar
     total = max(clock.values())
+    if (
+        replicate
+    ):  # after the commit every stage's first device sends its replica(s) to the neighbour and the coordinator
+        copies = 2 if S > 1 else 1
+        for s, st in enumerate(plan.stages):
+            first = st.devices[0].name
+            seconds = copies * link_s(plan.cluster, replica_bytes(w, st.start, st.end))
+            if S > 1:  # it also receives the previous stage's replica
+                prev = plan.stages[s - 1]
+                seconds = max(seconds, link_s(plan.cluster, replica_bytes(w, prev.start, prev.end)))
+            events.append(StepEvent(first, s, -1, "send", total, total + seconds, "replica"))
+            busy += seconds
+            clock[first] = total + seconds
+        total = max(clock.values())
     events.sort(key=lambda e: (e.start, e.device))
     return Simulation(
         iteration_s=total,

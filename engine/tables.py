@@ -174,6 +174,17 @@ def run_summary(result) -> str:
             f"emulation    dilation {result.dilation:.1f} (wall seconds per device second), "
             f"{result.late_steps} late of {result.steps} steps, {result.wall_s:.1f} s wall"
         )
+    K = getattr(result, "replicate_every", 0)
+    if K:
+        cost = result.replication_s / (K * predicted)
+        lines.append(
+            f"replication  every {K} iteration(s), {result.replication_s:.3f} s device per replication point, "
+            f"{cost:.1%} of the throughput (predicted)"
+        )
+    elif hasattr(result, "replicate_every"):
+        lines.append(
+            "replication  off: a lost layer no live peer holds is rebuilt from the seed and every iteration replayed"
+        )
     for rec in getattr(result, "recoveries", []):
         lines.append(f"recovery     {rec['summary']}")
     rows = []

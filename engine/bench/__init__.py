@@ -87,16 +87,30 @@ def run_recovery(args: argparse.Namespace) -> str:
         models = recovery.QUICK_MODELS if args.quick else recovery.MODELS
     bandwidths = _bandwidths(args.bandwidths)
     iterations = args.iterations or recovery.ITERATIONS
-    if iterations < 3:
-        raise UserError("bench recovery needs --iterations of at least 3 (before, during and after the failure)")
+    if iterations < 5:
+        raise UserError(
+            "bench recovery needs --iterations of at least 5 (a warm-up, a replication point, plain iterations, "
+            "the failure, and one after it)"
+        )
     fail_at = min(recovery.FAIL_AT, iterations - 1)
-    scenarios = recovery.SCENARIOS
+    scenarios = tuple(x.strip() for x in (args.scenarios or ",".join(recovery.SCENARIOS)).split(",") if x.strip())
+    unknown = [x for x in scenarios if x not in recovery.SCENARIOS]
+    if unknown or not scenarios:
+        raise UserError(f"--scenarios takes some of {', '.join(recovery.SCENARIOS)}, got {args.scenarios!r}")
     if args.quick:
         clusters = "C" if args.clusters == "ABCD" else clusters
         bandwidths = (1000.0,) if args.bandwidths == "1000,100" else bandwidths
-        scenarios = ("one",)
+        scenarios = ("one",) if not args.scenarios else scenarios
     command = "python -m engine " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["bench"] else "bench recovery"
-    results = recovery.recovery(clusters, models, bandwidths, scenarios, iterations, fail_at)
+    K = recovery.REPLICATE_EVERY if args.replicate_every is None else args.replicate_every
+    if not 2 <= K <= fail_at - 2:
+        raise UserError(
+            f"--replicate-every must be 2 to {fail_at - 2}: a replication point before the failure, and plain "
+            "iterations beside it to measure what it costs"
+        )
+    results = recovery.recovery(
+        clusters, models, bandwidths, scenarios, iterations, fail_at, batch_size=args.batch_size, replicate_every=K
+    )
     if args.figure:
         for path in recovery.figure(results, Path(args.figure)):
             print(f"figure written to {path}", file=sys.stderr)

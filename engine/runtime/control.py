@@ -55,6 +55,12 @@ class Generation:
     dilation: float | None  # None: calibrate (generation 0 only) or a real device
     leaving: tuple[str, ...] = ()  # devices that hand over their layers in this generation and then exit
     slow: dict[str, list] = field(default_factory=dict)  # device -> [from iteration (0-based), factor]
+    replication_s: float = 0.0  # device seconds a replication point adds to its iteration
+
+    @property
+    def longest_iteration_s(self) -> float:
+        """The longest iteration the plan predicts (one with a replication point): bounds healthy waits."""
+        return self.predicted_iteration_s + self.replication_s
 
     @property
     def ranks(self) -> list[str]:
@@ -75,6 +81,7 @@ class Generation:
                 "dilation": self.dilation,
                 "leaving": list(self.leaving),
                 "slow": self.slow,
+                "replication_s": self.replication_s,
             }
         )
 
@@ -97,6 +104,7 @@ class Generation:
             dilation=doc["dilation"],
             leaving=tuple(doc["leaving"]),
             slow=doc["slow"],
+            replication_s=doc["replication_s"],
         )
 
 

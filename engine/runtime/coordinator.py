@@ -14,6 +14,7 @@ from which `train --resume DIR` continues a run whose coordinator died.
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import time
@@ -25,7 +26,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from engine.costmodel import Workload, link_s, score
+from engine.costmodel import Workload, replication_s, score
 from engine.devices import Cluster, Device, get_kind
 from engine.errors import UserError
 from engine.events import (
@@ -37,7 +38,6 @@ from engine.events import (
     Replan,
     Replay,
 )
-from engine.models import get_model
 from engine.plan import Plan
 from engine.planners import COMPARED, NoFeasiblePlan, Problem, make_plan
 from engine.runtime import layerstate
@@ -79,15 +79,23 @@ class _Recovery:
 
 
 def replicate_every_default(plan: Plan, w: Workload, budget: float = 0.04) -> int:
-    """The replication period that costs at most `budget` of the predicted throughput: at each replication
-    point each stage's first device sends its layers' weights and momentum to its neighbour and to the
-    coordinator, one after the other, over the emulated link (the model's real parameter bytes)."""
-    with torch.device("meta"):  # shapes only: nothing allocated
-        layers = get_model(plan.model).layers()
-    sizes = [sum(p.numel() * p.element_size() for p in layer.parameters()) for layer in layers]
-    iteration_s = score(plan, w).iteration_s
-    worst = max(2 * link_s(plan.cluster, 2 * sum(sizes[st.start : st.end])) for st in plan.stages)
-    return max(1, int(-(-worst // (budget * iteration_s))))
+    """The replication period that costs at most `budget` of the predicted throughput (the copies are
+    costmodel.replication_s), or 0 (no replication) when some device has no room for its copies."""
+    if score(plan, w).fits and not score(plan, w, replicate_every=1).fits:
+        return 0
+    return max(1, math.ceil(replication_s(plan, w) / (budget * score(plan, w).iteration_s)))
+
+
+def check_replicas_fit(plan: Plan, w: Workload, K: int) -> None:
+    """Refuse a replication period whose copies some device of the plan cannot hold."""
+    if K <= 0 or not score(plan, w).fits:
+        return
+    over = score(plan, w, replicate_every=K).over_memory(plan.cluster)
+    if over:
+        raise UserError(
+            f"device {over[0]} has no room for the fault-tolerance copies (its layers' snapshot and its "
+            "neighbour's replica): pass --replicate-every 0 to train without them, or use more devices"
+        )
 
 
 class Coordinator:
@@ -110,6 +118,7 @@ class Coordinator:
         self.emit = emit or (lambda _: None)
         self.run_dir = run_dir
         self.K = replicate_every_default(plan, workload) if replicate_every is None else replicate_every
+        check_replicas_fit(plan, workload, self.K)
         self.detect_s = detect_s
         self.true_cluster = plan.cluster  # the devices as they are (kinds); planning may see them slowed
         self.speed: dict[str, float] = {}  # measured slow-down factors the planner takes into account
@@ -124,6 +133,7 @@ class Coordinator:
         self.central_done = 0  # newest iteration the central replica holds every layer of (0: the seed)
         self.beats: dict[str, tuple[int, float]] = {}
         self.done: set[str] = set()
+        self.gone: set[str] = set()  # devices lost or left: never planned on again
         self.dilation = options.dilation
         self.pending_join = list(self.faults.join)
         self.pending_leave = list(self.faults.leave)
@@ -140,6 +150,8 @@ class Coordinator:
     def _spawn(self, name: str, generation: int) -> None:
         from engine.runtime.worker import DeviceConfig, run_device
 
+        self.beats.pop(name, None)  # a device the plan left out earlier may be started again
+        self.done.discard(name)
         cfg = DeviceConfig(
             self.plan, None, 0, "127.0.0.1", self.store.port, replace(self.opts, generation=generation),
             predicted_iteration_s=score(self.plan, self.w).iteration_s, coordinated=True, name=name,
@@ -169,6 +181,7 @@ class Coordinator:
         return Generation(
             number=number, plan=plan, steps=steps, start=start, iterations=self.opts.iterations,
             pieces=tuple(pieces), predicted_iteration_s=score(plan, self.w).iteration_s, replicate_every=self.K,
+            replication_s=replication_s(plan, self.w) if self.K else 0.0,
             dilation=self.dilation, leaving=tuple(leaving), slow=slow,
         )  # fmt: skip
 
@@ -242,7 +255,7 @@ class Coordinator:
                 self._membership_change()
                 last_event = time.monotonic()
                 continue
-            quiet = group_timeout(self.opts.timeout_s, self.dilation, self.generation.predicted_iteration_s) * 2
+            quiet = group_timeout(self.opts.timeout_s, self.dilation, self.generation.longest_iteration_s) * 2
             if t - last_event > quiet:
                 raise self._fail(
                     f"run stalled in iteration {self.committed + 1}: no device reported anything for {quiet:.0f} s"
@@ -299,6 +312,8 @@ class Coordinator:
             return
         if self.faults.slow and ev.get("generation") == gen.number and ev["iteration"] > gen.start:
             predicted = gen.predicted_iteration_s
+            if gen.replicate_every and ev["iteration"] % gen.replicate_every == 0:
+                predicted += gen.replication_s  # the copies made after the previous iteration end in this one
             self.drift = self.drift + 1 if ev["iteration_s"] > predicted * (1 + DRIFT) else 0
             if self.drift >= DRIFT_ITERATIONS and self.committed < self.opts.iterations - 1:
                 speeds = self._measured_speeds(ev["iteration"])
@@ -358,7 +373,7 @@ class Coordinator:
         """The copies every survivor holds (it reports them once its generation stopped); a survivor that does
         not report within the bound is lost too."""
         gen = self.generation
-        bound = time.monotonic() + self.detect_s + 3 * (self.dilation or 1.0) * gen.predicted_iteration_s + 5
+        bound = time.monotonic() + self.detect_s + 3 * (self.dilation or 1.0) * gen.longest_iteration_s + 5
         copies: list[Copy] = []
         waiting = list(survivors)
         while waiting and time.monotonic() < bound:
@@ -396,14 +411,15 @@ class Coordinator:
         throughput = statistics.median(
             [it["throughput"] for it in self.iterations.values() if it.get("generation") == gen.number] or [0.0]
         )
-        if not survivors:
+        if not survivors and not [n for n in self._standby(gen) if n not in dead]:
             raise self._fail(
                 f"every device was lost ({', '.join(f'{n}: {w}' for n, w in dead.items())}); the central replica "
                 f"as of iteration {self.central_done} is in {self.run_dir}: continue with --resume {self.run_dir}",
                 next(iter(dead)),
                 interrupted + 1,
             )
-        plan, planning = self._replan(survivors, dead)
+        self.gone.update(dead)
+        plan, planning = self._replan(survivors + self._standby(gen), dead)
         copies += [*self._central_copies(), seed_copy(self.w.num_layers)]
         t = rollback_point(self.w.num_layers, copies)
         pieces = restore_pieces(plan, t, copies)
@@ -419,11 +435,13 @@ class Coordinator:
         names = ", ".join(dead)
         remote = sorted({(p.start, p.end, p.source, p.kind) for p in pieces if not p.local})
         restored = ", ".join(f"{layer_text(a, b)} restored from {src} ({kind})" for a, b, src, kind in remote)
+        causes = "; ".join(c.removeprefix("died (").removesuffix(")") for c in dead.values())  # "SIGKILL"
+        replayed = f"iteration {t + 1}" if t == interrupted else f"iterations {t + 1}-{interrupted + 1}"
         summary = (
-            f"{names} lost during iteration {interrupted + 1} ({'; '.join(dead.values())}): re-planned on "
+            f"{names} lost during iteration {interrupted + 1} ({causes}): re-planned on "
             f"{len(plan.device_names)} devices in {planning:.1f} s"
             + (f", {restored}" if restored else "")
-            + (f", replayed iterations {t + 1}-{interrupted + 1}" if t < interrupted + 1 else "")
+            + (f", replayed {replayed}" if t < interrupted + 1 else "")
         )
         earlier = self.recovery  # a failure during a recovery: one recovery, from the first failure on
         if earlier is not None:
@@ -432,7 +450,18 @@ class Coordinator:
             summary = f"{earlier.summary}; then {summary}"
         self.recovery = _Recovery(nxt.number, failed_at, interrupted, paused - failed_at, planning, throughput, summary)
         self.committed = t
+        self._start_standby(gen, nxt)
         self._publish(nxt, self._central_pieces(nxt))
+
+    def _standby(self, gen: Generation) -> list[str]:
+        """Devices of the cluster outside generation `gen` that may still be planned on (never lost, never left)."""
+        return [d.name for d in self.true_cluster.devices if d.name not in gen.ranks and d.name not in self.gone]
+
+    def _start_standby(self, gen: Generation, nxt: Generation) -> None:
+        """Start the processes of the devices the next plan takes from the standby ones."""
+        for name in nxt.plan.device_names:
+            if name not in gen.ranks:
+                self._spawn(name, nxt.number)
 
     def _fault_time(self, name: str) -> float:
         """When the device failed: the injected fault's own note, else its last heartbeat."""
@@ -471,6 +500,8 @@ class Coordinator:
             lv.device for lv in self.pending_leave if lv.iteration <= boundary and lv.device in gen.plan.device_names
         ]
         self.pending_leave = [lv for lv in self.pending_leave if lv.device not in leaving]
+        self.gone.update(leaving)
+        standby = self._standby(gen)
         joining = [j for j in self.pending_join if j.iteration <= boundary]
         self.pending_join = [j for j in self.pending_join if j not in joining]
         names = [n for n in gen.plan.device_names if n not in leaving]
@@ -492,15 +523,15 @@ class Coordinator:
         reason = "left" if leaving else "joined" if new else "repartition"
         if reason == "repartition":
             self.emit(self.repartition)
-        plan, planning = self._replan(names, {})
+        plan, planning = self._replan(names + [n for n in standby if n not in names], {})
         pieces = restore_pieces(plan, boundary, copies)
         leaving = [*leaving, *(n for n in _sources_outside(plan, pieces) if n not in leaving)]
         nxt = self._generation(gen.number + 1, plan, boundary, pieces, leaving)
         for name in leaving:
             self.emit(DeviceLeft(name, boundary, nxt.number).to_message())
         for name, kind in new:
-            self._spawn(name, nxt.number)
             self.emit(DeviceJoined(name, kind, boundary, nxt.number).to_message())
+        self._start_standby(gen, nxt)
         self.emit(
             Replan(
                 nxt.number, plan.to_dict(), planning, reason, plan.predicted.throughput if plan.predicted else 0.0

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.costmodel import Workload, score
+from engine.costmodel import Workload, replication_s, score
 from engine.data import get_dataset
 from engine.devices import Cluster
 from engine.errors import UserError
@@ -50,6 +50,7 @@ class RunResult:
     recoveries: list[dict] = field(default_factory=list)  # one `recovered` event per recovery
     changes: list[dict] = field(default_factory=list)  # the fault-tolerance events in order (lost, replan, ...)
     replicate_every: int = 0
+    replication_s: float = 0.0  # device seconds one replication point adds to its iteration (cost model)
     cluster: Cluster | None = None  # every device that took part (joined ones too)
 
     @property
@@ -94,6 +95,7 @@ class RunResult:
             "devices": self.devices,
             "plan": self.plan.to_dict(),
             "replicate_every": self.replicate_every,
+            "replication_s": self.replication_s,
             "generations": self.generations,
             "recoveries": self.recoveries,
             "events": self.changes,
@@ -169,6 +171,7 @@ def train(
         recoveries=coordinator.recoveries,
         changes=changes,
         replicate_every=coordinator.K,
+        replication_s=replication_s(plan, workload) if coordinator.K else 0.0,
         cluster=coordinator.true_cluster,
     )
 

@@ -24,17 +24,28 @@ def test_exact_search_is_never_worse_than_the_published_space():
 
 
 def test_recovery_report_keeps_real_and_device_seconds_apart():
-    from engine.bench.recovery import Cell, Ours, Restart, Result, report, victims
+    from engine.bench.recovery import Cell, Ours, Overhead, Restart, Result, report, victims
+    from engine.devices import load_cluster
+    from engine.plan import Plan, Share, Stage
 
-    assert victims("C", "nx") == ("nx-0",) and victims("B", "nx") is None and victims("C", "one") == ("tx2-1",)
+    c, b = load_cluster("C", 1000), load_cluster("B", 1000)
+    two_stages = (Stage(0, 5, (Share("nx-0", 6), Share("tx2-1", 2))), Stage(5, 9, (Share("nano-0", 8),)))
+    plan = Plan("hand", "m", 8, 1, two_stages, c)
+    assert victims(plan, "nx") == ("nx-0",) and victims(plan, "one") == ("tx2-1",)
+    assert victims(plan, "stage") == ("nano-0",) and victims(plan, "two") == ("tx2-1", "nano-0")
+    one_stage = Plan("hand", "m", 8, 1, (Stage(0, 9, (Share("nx-0", 8),)),), c)
+    assert victims(one_stage, "stage") is None and victims(one_stage, "two") is None
+    assert victims(Plan("hand", "m", 8, 1, (Stage(0, 9, (Share(b.devices[0].name, 8),)),), b), "nx") is None
     cell = Cell("C", "mobilenetv2", 1000.0, "one", ("tx2-1",), 5, 8)
-    ours = Ours(real_s=4.0, detection_real_s=1.0, planning_real_s=0.5, setup_real_s=2.5, device_s=0.5,
+    ours = Ours(wall_s=4.0, detection_real_s=1.0, planning_real_s=0.5, setup_real_s=2.5, device_s=0.5,
                 restore_device_s=0.1, replay_device_s=0.4, iterations_lost=0, throughput_before=100.0,
                 throughput_after=80.0, replicate_every=2, dilation=10.0, points=[(0.4, 100.0, 0), (0.9, 80.0, 1)],
                 failure_time=0.4)  # fmt: skip
     restart = Restart(checkpoint_every=2, checkpoint_iteration=4, detection_real_s=1.0, startup_real_s=11.0,
                       restore_device_s=0.2, retrain_device_s=0.8, retrained=1)  # fmt: skip
-    result = Result(cell, "ok", ours, restart, fresh_predicted=90.0, fresh_measured=82.0)
+    overhead = Overhead(measured_s=0.3, predicted_s=0.25, plain_iteration_s=0.1, default_every=60)
+    result = Result(cell, "ok", ours, restart, fresh_predicted=90.0, fresh_measured=82.0, overhead=overhead)
+    assert abs(overhead.at_default - 0.3 / (0.3 + 6.0)) < 1e-12
     assert result.real_ratio == 3.0 and result.device_ratio == 2.0  # (1 + 11) / (1 + 0.5 + 2.5), 1.0 / 0.5
     assert restart.mid_period_device_s == 0.2 + 2 / 2 * 0.8
     assert abs(result.of_fresh - 80.0 / 82.0) < 1e-12
@@ -42,3 +53,4 @@ def test_recovery_report_keeps_real_and_device_seconds_apart():
     assert "| tx2-1 @ 5 | 4.000 (1.000 + 0.500 + 2.500) | 0.50 (0.10 + 0.40) | 4.0 | 12.00 (1.000 + 11.00) |" in text
     assert "| 3.0x | 2.0x | 1.00 | 2 | 0 |" in text
     assert "recovery failed: x" in text and "| 0.98 |" in text
+    assert "| C | mobilenetv2 | 1000 | 0.300 | 0.250 | 0.100 | 60 | 4.8% |" in text

@@ -14,6 +14,10 @@ from engine.costmodel import (
     device_memory,
     ideal_throughput,
     iteration_time,
+    link_s,
+    replica_bytes,
+    replication_memory,
+    replication_s,
     score,
     stage_terms,
 )
@@ -316,3 +320,55 @@ def test_ideal_throughput():
     cluster = load_cluster("D")
     total = sum(d.flops_per_s for d in cluster.devices) / w.work(0, 2)
     assert math.isclose(ideal_throughput(w, cluster), total)
+
+
+# ---------------------------------------------------------------- replication (fault tolerance)
+
+
+def three_stage_plan(w: Workload, cluster: Cluster) -> Plan:
+    return Plan(
+        "hand", w.model, 24, 3,
+        (
+            Stage(0, 2, (Share("nx-0", 5), Share("tx2-0", 3))),
+            Stage(2, 5, (Share("nano-0", 8),)),
+            Stage(5, 6, (Share("tx2-1", 4), Share("nano-1", 2), Share("nano-2", 2))),
+        ),
+        cluster,
+    )  # fmt: skip
+
+
+def test_replication_costs_the_slowest_stage_two_copies_amortised_over_K():
+    w = random_workload(random.Random(11), 6)
+    cluster = load_cluster("C", bandwidth_mbps=100)
+    plan = three_stage_plan(w, cluster)
+    per_stage = [w.params(a, b) + sum(w.optimizer_bytes[a:b]) for a, b in ((0, 2), (2, 5), (5, 6))]
+    assert [replica_bytes(w, a, b) for a, b in ((0, 2), (2, 5), (5, 6))] == per_stage
+    expect = max(2 * link_s(cluster, n) for n in per_stage)
+    assert math.isclose(replication_s(plan, w), expect, rel_tol=1e-12)
+    base = score(plan, w)
+    for K in (1, 5, 50):
+        with_copies = score(plan, w, replicate_every=K)
+        assert math.isclose(with_copies.iteration_s, base.iteration_s + expect / K, rel_tol=1e-12)
+        assert with_copies.throughput < base.throughput
+
+
+def test_replication_memory_is_the_own_snapshot_plus_the_previous_stages_replica_on_its_neighbour():
+    w = random_workload(random.Random(12), 6)
+    cluster = load_cluster("C", bandwidth_mbps=1000)
+    plan = three_stage_plan(w, cluster)
+    held = replication_memory(plan, w)
+    a, b, c = replica_bytes(w, 0, 2), replica_bytes(w, 2, 5), replica_bytes(w, 5, 6)
+    assert held == {"nx-0": a + c, "tx2-0": a, "nano-0": b + a, "tx2-1": c + b, "nano-1": c, "nano-2": c}
+    base, copies = score(plan, w).memory_bytes, score(plan, w, replicate_every=10).memory_bytes
+    assert {n: copies[n] - base[n] for n in base} == held
+
+
+def test_replication_that_does_not_fit_makes_the_plan_not_fit():
+    mib = 2**20  # per layer 300 MiB of weights and 300 MiB of momentum: a 2-layer stage trains in 1.8 GiB
+    w = Workload(
+        "big", (1e9,) * 4, (2e9,) * 4, (1000,) * 4, (1000,) * 4, (1000,) * 4, (300 * mib,) * 4, (300 * mib,) * 4
+    )
+    cluster = Cluster((Device.of_kind("n0", "nano"), Device.of_kind("n1", "nano")), 1000)
+    plan = Plan("hand", w.model, 1, 1, (Stage(0, 2, (Share("n0", 1),)), Stage(2, 4, (Share("n1", 1),))), cluster)
+    assert score(plan, w).fits
+    assert not score(plan, w, replicate_every=100).fits

@@ -222,3 +222,18 @@ def test_chrome_trace_and_event_json():
         "predicted_iteration_s",
     }
     assert "events" not in sim.to_dict()
+
+
+def test_a_replication_point_adds_each_stages_copies_after_the_iteration():
+    from engine.costmodel import replication_s
+
+    problem, plans = next(
+        (pr, pl) for pr, pl in map(solved_instance, range(40)) if pl["asteroid"] and len(pl["asteroid"].stages) > 1
+    )
+    plan, w = plans["asteroid"], problem.workload
+    plain, copying = simulate(plan, w), simulate(plan, w, replicate=True)
+    assert math.isclose(copying.iteration_s, plain.iteration_s + replication_s(plan, w), rel_tol=1e-9)
+    replicas = [e for e in copying.events if e.peer == "replica"]
+    assert sorted(e.device for e in replicas) == sorted(st.devices[0].name for st in plan.stages)
+    assert all(math.isclose(e.start, plain.iteration_s) and e.end > e.start for e in replicas)
+    assert not [e for e in plain.events if e.peer == "replica"]

@@ -183,3 +183,18 @@ def test_faults_naming_unknown_devices_or_iterations_past_the_run_are_refused():
         Faults(fail=(parse_fail("tx9-9@2"),)).check(cluster, 5)
     with pytest.raises(UserError, match="iterations 1 to 5"):
         Faults(fail=(parse_fail("tx2-1@6"),)).check(cluster, 5)
+
+
+def test_a_standby_device_the_plan_left_out_takes_over_when_every_planned_device_is_lost(reference, tmp_path):
+    cluster = cluster_of("nx", "tx2", "nano")  # the plan leaves nano-2 out
+    plan = make_plan(MODEL, cluster, 8, 2, [(0, 7, [("nx-0", 4)]), (7, 15, [("tx2-1", 4)])])
+    faults = Faults(fail=(parse_fail("nx-0@4:forward"), parse_fail("tx2-1@4:forward")))
+    events = []
+    result = train(
+        plan, model_workload(MODEL), OPTIONS, events.append, faults=faults, replicate_every=2, run_dir=tmp_path
+    )
+    _same(result, reference)
+    final = result.generations[-1]["plan"]["stages"]
+    assert [d["name"] for st in final for d in st["devices"]] == ["nano-2"]
+    assert {e["device"] for e in _kinds(events, "device-lost")} == {"nx-0", "tx2-1"}
+    assert [it["iteration"] for it in result.iterations] == list(range(5))
