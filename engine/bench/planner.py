@@ -13,9 +13,10 @@ from engine.costmodel import Workload, ideal_throughput
 from engine.devices import CLUSTERS, Cluster, Device
 from engine.planners import COMPARED, NoFeasiblePlan, Problem, make_plan
 from engine.planners.asteroid import EXACT_LIMIT, search_size
+from engine.planners.common import device_classes
 from engine.progress import Progress
 
-DEVICES = (4, 8, 16, 32, 64)
+DEVICES = (4, 8, 16, 32, 64, 128)
 LAYERS = (20, 50, 100, 200)
 MODELS = {"mobilenetv2": 128, "resnet50": 64, "vgg16": 128, "bert-small": 32, "gpt-small": 32}
 TIMING_BATCH = 256
@@ -75,7 +76,7 @@ def planner_bench(quick: bool = False, timeout: float = 60.0) -> str:
     devices = QUICK["devices"] if quick else DEVICES
     layers = QUICK["layers"] if quick else LAYERS
     models = QUICK["models"] if quick else MODELS
-    command = "python -m engine bench planner" + (" --quick" if quick else "")
+    command = "python -m engine bench planner" + (" --quick" if quick else "") + f" --timeout {timeout:g}"
     lines = [
         "## Planner",
         "",
@@ -90,8 +91,10 @@ def planner_bench(quick: bool = False, timeout: float = 60.0) -> str:
         "| devices | search | " + " | ".join(f"{n} layers" for n in layers) + " |",
         "|---|---|" + "---|" * len(layers),
     ]
-    with Progress(len(devices) * len(layers), "planning time", sys.stderr.isatty()) as bar:
-        for n in devices:
+    boundary = exact_boundary()
+    rows = sorted({*devices, boundary})
+    with Progress(len(rows) * len(layers), "planning time", sys.stderr.isatty()) as bar:
+        for n in rows:
             mode = "exact" if search_size(synthetic_cluster(n)) <= EXACT_LIMIT else "ordered"
             cells = []
             for n_layers in layers:
@@ -99,11 +102,27 @@ def planner_bench(quick: bool = False, timeout: float = 60.0) -> str:
                 cells.append(f"> {timeout:g} s" if res is None else f"{res[0]:.2f} s ({res[1]} st, M={res[2]})")
                 bar.update(note=f"{n} devices x {n_layers} layers")
             lines.append(f"| {n} | {mode} | " + " | ".join(cells) + " |")
-    lines += ["", "`st` = stages of the plan found, `M` = micro-batches.", ""]
+    kinds = "/".join(str(len(c)) for c in device_classes(synthetic_cluster(boundary)))
+    lines += [
+        "",
+        "`st` = stages of the plan found, `M` = micro-batches.",
+        "",
+        f"Exact/ordered boundary: exact search up to {boundary} devices ({kinds} NX/TX2/Nano, search size "
+        f"{search_size(synthetic_cluster(boundary))} <= {EXACT_LIMIT}); ordered from {boundary + 1}.",
+        "",
+    ]
     lines += exact_vs_ordered(devices, layers, timeout)
     for mbps in BANDWIDTHS:
         lines += throughput_table(models, mbps) + [""]
     return "\n".join(lines)
+
+
+def exact_boundary() -> int:
+    """The most synthetic devices (NX, TX2, Nano in turn) that Asteroid still plans with the exact search."""
+    n = 1
+    while search_size(synthetic_cluster(n + 1)) <= EXACT_LIMIT:
+        n += 1
+    return n
 
 
 def exact_vs_ordered(devices: tuple[int, ...], layers: tuple[int, ...], timeout: float) -> list[str]:
