@@ -111,9 +111,7 @@ def simulate(plan: Plan, w: Workload, replicate: bool = False) -> Simulation:
                 events.append(StepEvent(n, s, -1, "all-reduce", start, start + ar))
                 clock[n] = start + ar
     total = max(clock.values())
-    if (
-        replicate
-    ):  # after the commit every stage's first device sends its replica(s) to the neighbour and the coordinator
+    if replicate:  # after the commit each stage's first device copies its layers to the neighbour and coordinator
         copies = 2 if S > 1 else 1
         for s, st in enumerate(plan.stages):
             first = st.devices[0].name

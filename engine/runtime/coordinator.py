@@ -411,7 +411,7 @@ class Coordinator:
         throughput = statistics.median(
             [it["throughput"] for it in self.iterations.values() if it.get("generation") == gen.number] or [0.0]
         )
-        if not survivors and not [n for n in self._standby(gen) if n not in dead]:
+        if not survivors and not self._standby(gen):
             raise self._fail(
                 f"every device was lost ({', '.join(f'{n}: {w}' for n, w in dead.items())}); the central replica "
                 f"as of iteration {self.central_done} is in {self.run_dir}: continue with --resume {self.run_dir}",

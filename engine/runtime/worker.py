@@ -273,8 +273,14 @@ class _Device:
         if self.name not in gen.ranks:
             return "out"  # the coordinator moved on without this device
         leaving = self.name in gen.leaving
+        # Generation 0 of an emulated run calibrates its dilation first (through the store) when no layers
+        # cross a link, so that the groups' timeouts know how long a dilated iteration lasts.
+        calibrate_first = (
+            self.opts.emulate and gen.dilation is None and all(p.local or p.source == CENTRAL for p in gen.pieces)
+        )
         started = time.monotonic()
-        self._make_groups(gen, leaving)
+        if not calibrate_first:
+            self._make_groups(gen, leaving)
         setup_real_s = time.monotonic() - started
         if gen.dilation is not None or not self.opts.emulate:
             self.clock.dilation = gen.dilation if self.opts.emulate else None
@@ -284,6 +290,10 @@ class _Device:
         self._take_stage(gen)
         if self.opts.emulate and self.clock.dilation is None:  # generation 0 of an emulated run: calibrate
             self._calibrate(gen)
+        if calibrate_first:
+            started = time.monotonic()
+            self._make_groups(gen, leaving)
+            setup_real_s = time.monotonic() - started
         self.emit(
             DeviceStart(
                 self.name, self.rank, self.stage, self.clock.dilation, os.getpid(), gen.number, setup_real_s
