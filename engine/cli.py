@@ -85,8 +85,15 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--dilation", type=_positive_float, help="wall seconds per device second (default: calibrated)")
     t.add_argument("--iterations", type=_positive_int, default=10, help="optimizer steps (default 10)")
     t.add_argument("--lr", type=_positive_float, default=0.05, help="SGD learning rate (default 0.05)")
-    t.add_argument("--dataset", default="synthetic", help="synthetic (default) or cifar10 (from --data-dir)")
-    t.add_argument("--data-dir", help="folder with the dataset files (default $ASTEROID_DATA_DIR)")
+    t.add_argument(
+        "--dataset",
+        default="synthetic",
+        help="synthetic (default), digits (images) or pytext (language models), bundled; cifar10 (from --data-dir); "
+        "images (--data-dir DIR, one sub-folder per class) or text (--data-dir FILE)",
+    )
+    t.add_argument(
+        "--data-dir", help="cifar10's folder (default $ASTEROID_DATA_DIR), the images' folder or the text file"
+    )
     t.add_argument("--seed", type=int, default=0, help="seed of the weights and the batch order")
     t.add_argument("--timeout", type=_positive_float, default=30.0, help="seconds before a silent device is dead")
     t.add_argument("--save", help="write the trained model as one state_dict (torch.save) to this file")

@@ -1,7 +1,21 @@
-"""Datasets: CIFAR-10 read from local pickle batches, and seeded synthetic vision and text data."""
+"""Datasets: bundled real digits and Python source, the user's image folders and text files, CIFAR-10, synthetic."""
 
 from engine.data.cifar import CIFAR10
-from engine.data.registry import dataset_names, get_dataset
+from engine.data.digits import Digits
+from engine.data.images import ImageFolder
+from engine.data.registry import PATH_DATASETS, dataset_names, get_dataset, train_size
 from engine.data.synthetic import SyntheticText, SyntheticVision
+from engine.data.text import ByteWindows
 
-__all__ = ["CIFAR10", "SyntheticText", "SyntheticVision", "dataset_names", "get_dataset"]
+__all__ = [
+    "CIFAR10",
+    "ByteWindows",
+    "Digits",
+    "ImageFolder",
+    "PATH_DATASETS",
+    "SyntheticText",
+    "SyntheticVision",
+    "dataset_names",
+    "get_dataset",
+    "train_size",
+]

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from django import forms
 
-from engine.data import dataset_names
+from engine.data import PATH_DATASETS, dataset_names, train_size
+from engine.errors import UserError
 from engine.models import get_model, model_names
 from webapp.devices.models import Device
 from webapp.lib.fields import number, whole_number
@@ -29,24 +30,25 @@ class JobForm(forms.Form):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["model"].choices = [(m, m) for m in model_names()]
-        self.fields["dataset"].choices = [(d, d) for d in dataset_names()]
+        # the datasets read from a path on the devices are the CLI's: a job has no data folder yet
+        self.fields["dataset"].choices = [(d, d) for d in dataset_names() if d not in PATH_DATASETS]
         self.fields["devices"].choices = [
             (d.name, f"{d.name} ({d.get_kind_display()}, {d.status})") for d in Device.objects.all()
         ]
 
     def clean(self):
         data = super().clean()
-        model, dataset = data.get("model"), data.get("dataset")
-        if model and dataset == "cifar10":
-            spec = get_model(model)
-            if spec.input_shape != (3, 32, 32) or spec.num_classes != 10:
-                self.add_error("dataset", f"cifar10 needs a 32x32 image model with 10 classes; {model} is not one")
+        model, dataset, size = data.get("model"), data.get("dataset"), None
+        if model and dataset:
+            try:  # a dataset that cannot serve the model is an error
+                size = train_size(dataset, get_model(model))
+            except UserError as exc:
+                self.add_error("dataset", str(exc))
         if data.get("iterations") is None and data.get("epochs") is None:
             if not {"iterations", "epochs"} & set(self.errors):  # a bad value given already says what is wrong
                 self.add_error("iterations", "Give the number of iterations or of epochs.")
-        elif data.get("epochs") is not None and data.get("batch_size") and dataset:
-            # One epoch is a pass over the dataset: CIFAR-10's 50,000 training images, or the synthetic set.
-            size = 50_000 if dataset == "cifar10" else 2048
+        elif data.get("epochs") is not None and data.get("batch_size") and size:
+            # One epoch is a pass over the dataset's training split.
             data["iterations"] = max(1, round(data["epochs"] * size / data["batch_size"]))
         if data.get("iterations") and data["iterations"] > MAX_ITERATIONS:
             self.add_error("epochs", f"That is {data['iterations']} iterations; at most {MAX_ITERATIONS}.")
