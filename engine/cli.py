@@ -94,6 +94,16 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument(
         "--data-dir", help="cifar10's folder (default $ASTEROID_DATA_DIR), the images' folder or the text file"
     )
+    t.add_argument(
+        "--eval-every",
+        type=int,
+        default=0,
+        metavar="N",
+        help="score the dataset's held-out split every N iterations and after the last (default 0: never)",
+    )
+    t.add_argument(
+        "--eval-samples", type=_positive_int, default=512, help="held-out samples scored, in whole batches (512)"
+    )
     t.add_argument("--seed", type=int, default=0, help="seed of the weights and the batch order")
     t.add_argument("--timeout", type=_positive_float, default=30.0, help="seconds before a silent device is dead")
     t.add_argument("--save", help="write the trained model as one state_dict (torch.save) to this file")
@@ -306,7 +316,7 @@ def _read_plan(arg: str) -> Plan:
 def cmd_train(args: argparse.Namespace) -> int:
     from engine.events import chrome_trace, side_by_side
     from engine.runtime.launcher import RunOptions, save_events, train
-    from engine.tables import CHANGE_LINES, change_line, iteration_line, run_summary
+    from engine.tables import CHANGE_LINES, change_line, eval_line, iteration_line, run_summary
     from engine.workloads import workload
 
     if (args.rank is None) != (args.rendezvous is None):
@@ -363,6 +373,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             timeout_s=args.timeout,
             save_model=bool(args.save),
             generation=args.generation,
+            eval_every=args.eval_every,
+            eval_samples=args.eval_samples,
         )
     else:
         options = replace(options, save_model=bool(args.save))
@@ -377,6 +389,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         writers.append(lambda ev: ev["type"] == "iteration" and print(iteration_line(ev, args.iterations), flush=True))
     if not args.json:
         writers.append(lambda ev: ev["type"] in CHANGE_LINES and print(change_line(ev), file=sys.stderr, flush=True))
+        writers.append(lambda ev: ev["type"] == "eval" and print(eval_line(ev), file=sys.stderr, flush=True))
     result = train(
         plan, w, options, on_event=lambda ev: [f(ev) for f in writers], progress=tty, faults=faults,
         run_dir=run_dir, replicate_every=args.replicate_every, resume=resume, detect_s=args.detect,

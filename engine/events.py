@@ -8,6 +8,7 @@ A run's event stream is a sequence of messages, JSON-ready dicts with a `type`:
 | `device-start` | each device                | its rank, stage, dilation and pid; it is training                 |
 | `step`         | each device                | one compute step, transfer or all-reduce (a `StepEvent`)          |
 | `iteration`    | rank 0                     | an iteration's loss, device-time length and throughput            |
+| `eval`         | rank 0                     | held-out loss and accuracy after an iteration (`--eval-every`)    |
 | `device-done`  | each device                | its totals (late steps, peak memory); its stage's weights         |
 | `device-error` | a device (or its agent)    | why it stopped: its own failure, or a lost peer                   |
 | `job-stopped`  | an agent                   | its device's part ended without done/error (cancel, shutdown)     |
@@ -143,6 +144,22 @@ class Iteration(Event):
     steps: int = 0
     time: float = 0.0  # device seconds since the run started
     measured_throughput: float | None = None  # the run's measured throughput so far (`engine.metrics`)
+    generation: int = 0
+
+
+@dataclass(frozen=True)
+class Eval(Event):
+    """The model after an iteration, scored on the dataset's held-out split (forward only, through the pipeline)."""
+
+    TYPE = "eval"
+    NON_NEGATIVE = ("iteration", "samples", "device_s")
+
+    iteration: int
+    loss: float | None  # mean held-out loss per sample (per token for language models); None: not finite
+    accuracy: float | None  # classification: the fraction right; None for language models
+    perplexity: float | None  # language models: exp(loss); None for classification or an overflow
+    samples: int
+    device_s: float  # device seconds the evaluation took (left out of the iterations' times)
     generation: int = 0
 
 
@@ -325,6 +342,7 @@ CATALOGUE: dict[str, type[Event]] = {
         DeviceStart,
         StepEvent,
         Iteration,
+        Eval,
         DeviceDone,
         DeviceError,
         JobStopped,

@@ -127,9 +127,28 @@ def simulation_table(plan: Plan, sim: Simulation) -> str:
 
 def iteration_line(ev: dict, total: int) -> str:
     """One line per trained iteration."""
+    loss = "diverged" if ev["loss"] is None else f"{ev['loss']:.4f}"
     return (
-        f"iteration {ev['iteration'] + 1}/{total}  loss {ev['loss']:.4f}  "
+        f"iteration {ev['iteration'] + 1}/{total}  loss {loss}  "
         f"{ev['throughput']:.1f} samples/s  ({ev['iteration_s'] * 1000:.1f} ms, device time)"
+    )
+
+
+def eval_score(ev: dict) -> str:
+    """An evaluation's headline: accuracy (classification) or perplexity (language), and the loss."""
+    loss = "not finite" if ev["loss"] is None else f"{ev['loss']:.4f}"
+    if ev["accuracy"] is not None:
+        return f"accuracy {ev['accuracy']:.1%}, loss {loss}"
+    if ev["perplexity"] is not None:
+        return f"perplexity {ev['perplexity']:.2f}, loss {loss}"
+    return f"loss {loss}"
+
+
+def eval_line(ev: dict) -> str:
+    """One line per held-out evaluation."""
+    return (
+        f"held-out after iteration {ev['iteration'] + 1}: {eval_score(ev)} "
+        f"({ev['samples']} samples, {ev['device_s']:.2f} s device)"
     )
 
 
@@ -173,6 +192,13 @@ def run_summary(result) -> str:
         lines.append(
             f"emulation    dilation {result.dilation:.1f} (wall seconds per device second), "
             f"{result.late_steps} late of {result.steps} steps, {result.wall_s:.1f} s wall"
+        )
+    evals = getattr(result, "evals", [])
+    if evals:
+        first, last = evals[0], evals[-1]
+        lines.append(
+            f"held-out     after iteration {first['iteration'] + 1}: {eval_score(first)}; after iteration "
+            f"{last['iteration'] + 1}: {eval_score(last)} ({last['samples']} samples)"
         )
     K = getattr(result, "replicate_every", 0)
     if K:

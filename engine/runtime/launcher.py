@@ -25,6 +25,7 @@ from engine.metrics import measured_iteration_s
 from engine.models import get_model
 from engine.plan import Plan
 from engine.progress import Progress
+from engine.runtime.batches import eval_batches
 from engine.runtime.coordinator import Coordinator, RunFailed
 from engine.runtime.faults import Faults
 from engine.runtime.options import RunOptions
@@ -52,6 +53,7 @@ class RunResult:
     replicate_every: int = 0
     replication_s: float = 0.0  # device seconds one replication point adds to its iteration (cost model)
     cluster: Cluster | None = None  # every device that took part (joined ones too)
+    evals: list[dict] = field(default_factory=list)  # `eval` events in iteration order (`--eval-every`)
 
     @property
     def loss(self) -> list[float]:
@@ -99,6 +101,7 @@ class RunResult:
             "generations": self.generations,
             "recoveries": self.recoveries,
             "events": self.changes,
+            "eval": [{k: v for k, v in ev.items() if k != "type"} for ev in self.evals],
         }
 
 
@@ -126,7 +129,11 @@ def train(
         over = prediction.over_memory(plan.cluster)
         raise UserError(f"plan does not fit in memory on {', '.join(over)}: re-plan with a smaller batch size")
     # the dataset's errors (unknown name, missing CIFAR-10 files, wrong model) before any process starts
-    get_dataset(options.dataset, get_model(plan.model), options.data_dir, options.dataset_size, options.seed)
+    spec = get_model(plan.model)
+    get_dataset(options.dataset, spec, options.data_dir, options.dataset_size, options.seed)
+    if options.eval_every:
+        test = get_dataset(options.dataset, spec, options.data_dir, options.dataset_size, options.seed, train=False)
+        eval_batches(len(test), plan.batch_size, options.eval_samples)
     faults.check(plan.cluster, options.iterations)
     started = time.monotonic()
     emit = on_event or (lambda _: None)
@@ -134,9 +141,12 @@ def train(
     bar = Progress(options.iterations, "training", enabled=progress)
     seen: set[int] = set()
     changes: list[dict] = []
+    evals: dict[int, dict] = {}  # by iteration: the newest generation's (a replay scores again)
 
     def relay(ev: dict) -> None:
         emit(ev)
+        if ev["type"] == "eval":
+            evals[ev["iteration"]] = ev
         if ev["type"] == "iteration" and ev["iteration"] not in seen:
             seen.add(ev["iteration"])
             loss = "diverged" if ev["loss"] is None else f"{ev['loss']:.3f}"
@@ -173,6 +183,7 @@ def train(
         replicate_every=coordinator.K,
         replication_s=replication_s(plan, workload) if coordinator.K else 0.0,
         cluster=coordinator.true_cluster,
+        evals=[evals[k] for k in sorted(evals)],
     )
 
 

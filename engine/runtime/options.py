@@ -32,6 +32,8 @@ class RunOptions:
     timeout_s: float = 30.0
     save_model: bool = False  # the devices return their stages' weights at the end
     generation: int = 0  # the rendezvous store prefix `asteroid/gen<generation>/`
+    eval_every: int = 0  # score the held-out split every this many iterations and after the last (0: never)
+    eval_samples: int = 512  # at most this many held-out samples, in whole batches
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -50,6 +52,10 @@ class RunOptions:
             raise UserError(f"dataset size must be at least 1, got {self.dataset_size}")
         if self.generation < 0:
             raise UserError(f"generation must not be negative, got {self.generation}")
+        if self.eval_every < 0:
+            raise UserError(f"eval-every must be 0 (never) or more, got {self.eval_every}")
+        if self.eval_samples < 1:
+            raise UserError(f"eval samples must be at least 1, got {self.eval_samples}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -80,6 +86,8 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "timeout_s": (float,),
     "save_model": (bool,),
     "generation": (int,),
+    "eval_every": (int,),
+    "eval_samples": (int,),
 }
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import queue
 import signal
@@ -37,13 +38,13 @@ import torch.distributed as dist
 from engine.costmodel import link_s, ring_allreduce_s
 from engine.data import get_dataset
 from engine.errors import UserError
-from engine.events import DeviceDone, DeviceStart, Iteration, Restore, StepEvent
+from engine.events import DeviceDone, DeviceStart, Eval, Iteration, Restore, StepEvent
 from engine.metrics import measured_throughput
 from engine.models import get_model
 from engine.models.randomness import sample_draws
 from engine.plan import Plan
 from engine.runtime import layerstate
-from engine.runtime.batches import batch_indices, load
+from engine.runtime.batches import batch_indices, eval_batches, load
 from engine.runtime.control import Generation, Heartbeat, gen_key, get_bytes, key, put_bytes
 from engine.runtime.emulation import Clock, MemoryMeter, group_timeout, now
 from engine.runtime.faults import Fail
@@ -57,6 +58,7 @@ from engine.steps import DeviceSteps
 Emit = Callable[[dict], None]
 OPTIMIZER_STATES = 1  # SGD with momentum keeps one buffer per parameter
 REPLICA_TAG = 1 << 20  # tags of the neighbour replica's messages (training messages use small tags)
+EVAL_TAG = 1 << 21  # tags of the held-out evaluation's activations
 RESTORE_TAG = 1 << 21  # restore piece i uses RESTORE_TAG + 2 i (+1 for its payload)
 
 
@@ -149,6 +151,8 @@ class _Device:
             raise UserError(
                 f"dataset {opts.dataset!r} has {len(self.data)} samples, fewer than one batch of {cfg.plan.batch_size}"
             )
+        self.test = None  # the held-out split, loaded at the first evaluation
+        self.quiet = False  # no step events (an evaluation's steps are not the iteration's)
         self.clock = Clock(None)
         self.t0 = 0.0
         self.iteration = -1
@@ -461,13 +465,13 @@ class _Device:
     def _tag(self, micro_batch: int, kind: str, part: int) -> int:
         return (micro_batch * 2 + (kind == "B")) * 2 + part
 
-    def post_receives(self) -> dict:
+    def post_receives(self, backward: bool = True, base: int = 0) -> dict:
         """Post every receive of the iteration now; returns (kind, mb) -> [(transfer, header, payload, works)]."""
         pending = {}
         for mb in range(self.plan.micro_batches):
             for kind, moves, shape in (
                 ("F", self.st.recv_forward, self.shape_in),
-                ("B", self.st.recv_backward, self.shape_out),
+                ("B", self.st.recv_backward if backward else (), self.shape_out),
             ):
                 got = []
                 for t in moves:
@@ -476,8 +480,8 @@ class _Device:
                     payload = torch.empty((t.hi - t.lo, *shape))
                     what = f"receiving from {t.peer}"
                     works = [
-                        self._post(self.train.recv, what, [header], peer, self._tag(mb, kind, 0)),
-                        self._post(self.train.recv, what, [payload], peer, self._tag(mb, kind, 1)),
+                        self._post(self.train.recv, what, [header], peer, base + self._tag(mb, kind, 0)),
+                        self._post(self.train.recv, what, [payload], peer, base + self._tag(mb, kind, 1)),
                     ]
                     got.append((t, header, payload, works))
                 pending[(kind, mb)] = got
@@ -499,7 +503,7 @@ class _Device:
             self._event("recv", mb, start, end)
         return torch.cat([payload for _, _, payload, _ in got]) if len(got) > 1 else got[0][2]
 
-    def send(self, tensor: torch.Tensor, moves, kind: str, mb: int, outbox: list) -> None:
+    def send(self, tensor: torch.Tensor, moves, kind: str, mb: int, outbox: list, base: int = 0) -> None:
         """Send each peer its slice; the device is busy for the emulated transfer time of each."""
         for t in moves:
             start = now()
@@ -511,7 +515,7 @@ class _Device:
             peer = self.ranks[t.peer]
             what = f"sending to {t.peer}"
             for part, tensor_part in enumerate((header, payload)):
-                work = self._post(self.train.send, what, [tensor_part], peer, self._tag(mb, kind, part))
+                work = self._post(self.train.send, what, [tensor_part], peer, base + self._tag(mb, kind, part))
                 outbox.append((t.peer, tensor_part, work))  # the tensor stays alive until the send completes
             self._fault(self.iteration, "send")
             end = self.clock.wait_until(arrival)
@@ -520,6 +524,8 @@ class _Device:
     # -- the schedule ---------------------------------------------------------------------------------
 
     def _event(self, kind: str, mb: int, start: float, end: float, peer: str = "") -> None:
+        if self.quiet:
+            return
         t0, clock = self.t0, self.clock
         step = StepEvent(
             self.name, self.stage, mb, kind, clock.device(start - t0), clock.device(end - t0), peer, self.iteration,
@@ -614,10 +620,71 @@ class _Device:
             self.optimizer.zero_grad(set_to_none=True)
         self.live = k + 1
         self.trained.update(range(*self.own))
+        E = self.opts.eval_every
+        if E and ((k + 1) % E == 0 or k + 1 == self.gen.iterations):
+            self._evaluate(k)
         K = self.gen.replicate_every
         if K and (k + 1) % K == 0 and k + 1 < self.gen.iterations:
             self._replicate(k + 1)
         return stop
+
+    def _evaluate(self, k: int) -> None:
+        """Score the model after iteration k on the first held-out samples: batch by batch, forward only through
+        the pipeline in eval mode (no dropout, batch-norm running statistics), each last-stage device on its
+        slice; the totals are agreed like an iteration's. Its device time is left out of the next iteration."""
+        if self.test is None:
+            opts = self.opts
+            self.test = get_dataset(opts.dataset, self.spec, opts.data_dir, opts.dataset_size, opts.seed, train=False)
+        plan, st, m = self.plan, self.st, self.plan.micro_batch_size
+        begin = now()
+        totals = torch.zeros(3, dtype=torch.float64)  # loss (per sample, summed), right answers, samples
+        self.module.eval()
+        self.quiet = True
+        try:
+            with torch.no_grad():
+                for b in range(eval_batches(len(self.test), plan.batch_size, self.opts.eval_samples)):
+                    indices = torch.arange(b * plan.batch_size, (b + 1) * plan.batch_size)
+                    pending = self.post_receives(backward=False, base=EVAL_TAG)
+                    outbox: list = []
+                    for mb in range(plan.micro_batches):
+                        mine = indices[mb * m + st.lo : mb * m + st.hi]
+                        x = load(self.test, mine)[0] if self.first else self.receive(pending, "F", mb)
+                        start = now()
+                        out = self.module(x)
+                        if self.last:
+                            y = load(self.test, mine)[1]
+                            totals[0] += float(self.spec.loss(out, y)) * len(mine)
+                            if self.spec.task != "language-modeling":
+                                totals[1] += int((out.argmax(-1) == y).sum())
+                            totals[2] += len(mine)
+                        self.clock.pad(start, self._compute_s(st.forward_s, k))
+                        if not self.last:
+                            self.send(out, st.send_forward, "F", mb, outbox, base=EVAL_TAG)
+                    for peer, _, work in outbox:
+                        self._wait(work, f"delivery to {peer}")
+        finally:
+            self.quiet = False
+            self.module.train()
+        self._wait(self._allreduce(totals, self.train), "the evaluation's sync")
+        end = torch.tensor([now()], dtype=torch.float64)
+        self._wait(self._allreduce(end, self.train, dist.ReduceOp.MAX), "the evaluation's sync")
+        self.last_end = float(end)
+        if self.rank == 0:
+            n = int(totals[2])
+            loss = float(totals[0]) / n
+            finite = math.isfinite(loss)
+            language = self.spec.task == "language-modeling"
+            self.emit(
+                Eval(
+                    iteration=k,
+                    loss=loss if finite else None,
+                    accuracy=None if language else float(totals[1]) / n,
+                    perplexity=math.exp(loss) if language and finite and loss < 700 else None,
+                    samples=n,
+                    device_s=self.clock.device(float(end) - begin),
+                    generation=self.gen.number,
+                ).to_message()
+            )
 
     def _reduce_gradients(self, k: int) -> None:
         if self.stage_group is None or not self.params:
