@@ -256,6 +256,9 @@ class Coordinator:
                 last_event = time.monotonic()
                 continue
             quiet = group_timeout(self.opts.timeout_s, self.dilation, self.generation.longest_iteration_s) * 2
+            if self.opts.eval_every:  # an evaluation sends no events: at most this many forward-only batches
+                batches = max(1, self.opts.eval_samples // self.plan.batch_size)
+                quiet += (self.dilation or 1.0) * batches * self.generation.predicted_iteration_s
             if t - last_event > quiet:
                 raise self._fail(
                     f"run stalled in iteration {self.committed + 1}: no device reported anything for {quiet:.0f} s"
