@@ -436,13 +436,18 @@ class Coordinator:
         if t < interrupted + 1:
             self.emit(Replay(t + 1, interrupted + 1, nxt.number).to_message())
         names = ", ".join(dead)
-        remote = sorted({(p.start, p.end, p.source, p.kind) for p in pieces if not p.local})
+        remote: list[list] = []  # [start, end, source, kind], adjacent ranges from the same copy merged
+        for a, b, src, kind in sorted({(p.start, p.end, p.source, p.kind) for p in pieces if not p.local}):
+            if remote and remote[-1][1] == a and remote[-1][2:] == [src, kind]:
+                remote[-1][1] = b
+            else:
+                remote.append([a, b, src, kind])
         restored = ", ".join(f"{layer_text(a, b)} restored from {src} ({kind})" for a, b, src, kind in remote)
         causes = "; ".join(c.removeprefix("died (").removesuffix(")") for c in dead.values())  # "SIGKILL"
         replayed = f"iteration {t + 1}" if t == interrupted else f"iterations {t + 1}-{interrupted + 1}"
         summary = (
             f"{names} lost during iteration {interrupted + 1} ({causes}): re-planned on "
-            f"{len(plan.device_names)} devices in {planning:.1f} s"
+            f"{len(plan.device_names)} device{'s' if len(plan.device_names) > 1 else ''} in {planning:.1f} s"
             + (f", {restored}" if restored else "")
             + (f", replayed {replayed}" if t < interrupted + 1 else "")
         )
