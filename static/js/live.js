@@ -3,8 +3,9 @@
  * Needs, in the page: #live (data-ws-url, data-devices, data-predicted, data-iterations), #throughput-chart,
  * #loss-chart, #timeline-chart, #device-states (rows <tr data-device="NAME"><td>NAME</td><td class="state">),
  * #event-log (<ol>), #job-status, #job-progress, #measured-throughput, #cancel-form, and any .when-finished
- * elements (hidden until the job ends). Charts need the global Plotly (static/js/plotly.min.js); without it
- * the tables, log and status still update. Defines no globals.
+ * elements (hidden until the job ends); #eval-chart only for a job that scores its held-out split. Charts need
+ * the global Plotly (static/js/plotly.min.js); without it the tables, log and status still update. Defines no
+ * globals.
  */
 (function () {
   'use strict';
@@ -39,6 +40,7 @@
     devices: parseJson(root.dataset.devices, []),
     predicted: positive(parseFloat(root.dataset.predicted)), // 0 or missing: no prediction to draw
     total: parseInt(root.dataset.iterations, 10) || 0,
+    evaluated: Boolean($('eval-chart')), // the job scores its held-out split (`eval` messages)
   };
 
   const live = {
@@ -50,6 +52,8 @@
     seen: new Set(), // iteration numbers already drawn or buffered
     points: [], // drawn points: {x, throughput, loss}, x = iteration number + 1
     pending: [], // points waiting for the next flush
+    evals: [], // drawn held-out scores: {x, loss, accuracy (%), perplexity, samples}, one per iteration
+    evalsPending: [],
     flushTimer: null,
     steps: [],
     ganttTimer: null,
@@ -232,6 +236,37 @@
     };
   }
 
+  function toEvalPoint(msg) {
+    const number = (v) => (isNumber(v) ? v : null);
+    return {
+      x: msg.iteration + 1,
+      loss: number(msg.loss),
+      accuracy: isNumber(msg.accuracy) ? msg.accuracy * 100 : null,
+      perplexity: number(msg.perplexity),
+      samples: number(msg.samples),
+    };
+  }
+
+  // Classification jobs are scored by accuracy, language models by perplexity (their held-out loss is on the
+  // loss chart either way).
+  function evalMetric() {
+    return live.evals.some((p) => p.accuracy !== null) ? 'accuracy' : 'perplexity';
+  }
+
+  function evalText(p) {
+    if (!p) return '';
+    if (p.accuracy !== null) return p.accuracy.toFixed(1) + ' %';
+    if (p.perplexity !== null) return 'perplexity ' + p.perplexity.toFixed(2);
+    return p.loss !== null ? 'loss ' + p.loss.toFixed(4) : '–';
+  }
+
+  // Scores in order of iteration, the later of two for the same iteration (a replayed iteration is scored again).
+  function mergeEvals(points, fresh) {
+    const byX = new Map(points.map((p) => [p.x, p]));
+    fresh.forEach((p) => byX.set(p.x, p));
+    return Array.from(byX.values()).sort((a, b) => a.x - b.x);
+  }
+
   function predictedLine(lastX) {
     const end = Math.max(page.total, lastX || 0, 1);
     return {
@@ -274,18 +309,58 @@
         y: pts.map((p) => p.loss),
         type: 'scatter',
         mode: 'lines+markers',
-        name: 'loss',
+        name: 'training',
         line: { color: '#e07b39', width: 2 },
         marker: { size: 5 },
         hovertemplate: 'iteration %{x}: loss %{y:.4f}<extra></extra>',
       };
+      const heldOut = {
+        x: live.evals.map((p) => p.x),
+        y: live.evals.map((p) => p.loss),
+        type: 'scatter',
+        mode: 'lines+markers',
+        name: 'held-out',
+        line: { color: '#1f8a4c', width: 2, dash: 'dot' },
+        marker: { size: 7, symbol: 'diamond' },
+        hovertemplate: 'after iteration %{x}: held-out loss %{y:.4f}<extra></extra>',
+      };
       const layout = baseLayout({
-        showlegend: false,
+        showlegend: page.evaluated,
         xaxis: axis('iteration', { rangemode: 'tozero' }),
         yaxis: axis('loss'),
       });
-      Plotly.react(lossDiv, [loss], layout, PLOT_CONFIG);
+      Plotly.react(lossDiv, [loss, heldOut], layout, PLOT_CONFIG);
     }
+    drawEvalChart();
+  }
+
+  function drawEvalChart() {
+    const div = $('eval-chart');
+    if (!div || !hasPlotly()) return;
+    const accuracy = evalMetric() === 'accuracy';
+    const trace = {
+      x: live.evals.map((p) => p.x),
+      y: live.evals.map((p) => (accuracy ? p.accuracy : p.perplexity)),
+      customdata: live.evals.map((p) => p.samples),
+      type: 'scatter',
+      mode: 'lines+markers',
+      name: accuracy ? 'accuracy' : 'perplexity',
+      line: { color: '#1f8a4c', width: 2 },
+      marker: { size: 7, symbol: 'diamond' },
+      hovertemplate: 'after iteration %{x}: ' + (accuracy ? '%{y:.1f} % right' : 'perplexity %{y:.2f}') +
+        ' (%{customdata} samples)<extra></extra>',
+    };
+    const layout = baseLayout({
+      showlegend: false,
+      xaxis: axis('iteration', { rangemode: 'tozero', range: [0, Math.max(page.total, 1)] }),
+      yaxis: !live.evals.length ? axis('held-out score')
+        : accuracy ? axis('held-out accuracy (%)', { range: [0, 100] }) : axis('held-out perplexity'),
+      annotations: live.evals.length
+        ? []
+        : [{ text: 'not scored yet', xref: 'paper', yref: 'paper', x: 0.5, y: 0.5, showarrow: false,
+             font: { color: '#5b6475', size: 14 } }],
+    });
+    Plotly.react(div, [trace], layout, PLOT_CONFIG);
   }
 
   // The same numbers as a table, for reading without the charts: the latest iterations first.
@@ -293,15 +368,18 @@
     const body = $('iteration-rows');
     if (!body) return;
     body.textContent = '';
+    const scores = new Map(live.evals.map((e) => [e.x, e]));
     live.points.slice(-ROWS_SHOWN).reverse().forEach((p) => {
       const row = document.createElement('tr');
-      [String(p.x), isNumber(p.throughput) ? p.throughput.toFixed(1) : '–', isNumber(p.loss) ? p.loss.toFixed(4) : '–']
-        .forEach((text, i) => {
-          const cell = document.createElement('td');
-          cell.textContent = text;
-          if (i) cell.className = 'num';
-          row.appendChild(cell);
-        });
+      const cells = [String(p.x), isNumber(p.throughput) ? p.throughput.toFixed(1) : '–',
+        isNumber(p.loss) ? p.loss.toFixed(4) : '–'];
+      if (page.evaluated) cells.push(evalText(scores.get(p.x)));
+      cells.forEach((text, i) => {
+        const cell = document.createElement('td');
+        cell.textContent = text;
+        if (i) cell.className = 'num';
+        row.appendChild(cell);
+      });
       body.appendChild(row);
     });
   }
@@ -310,11 +388,26 @@
     if (!msg || !isNumber(msg.iteration) || live.seen.has(msg.iteration)) return;
     live.seen.add(msg.iteration);
     live.pending.push(toPoint(msg));
-    if (live.flushTimer === null) live.flushTimer = setTimeout(flushIterations, FLUSH_MS);
+    scheduleFlush();
+  }
+
+  function queueEval(msg) {
+    if (!msg || !isNumber(msg.iteration)) return;
+    live.evalsPending.push(toEvalPoint(msg));
+    scheduleFlush();
+  }
+
+  function scheduleFlush() {
+    if (live.flushTimer === null) live.flushTimer = setTimeout(flush, FLUSH_MS);
+  }
+
+  function flush() {
+    live.flushTimer = null;
+    flushIterations();
+    flushEvals();
   }
 
   function flushIterations() {
-    live.flushTimer = null;
     if (!live.pending.length) return;
     const fresh = live.pending.sort((a, b) => a.x - b.x);
     live.pending = [];
@@ -340,6 +433,33 @@
     if (isNumber(page.predicted) && newLast > Math.max(page.total, 1)) {
       Plotly.restyle(throughputDiv, { x: [[1, newLast]] }, [1]);
     }
+  }
+
+  function flushEvals() {
+    if (!live.evalsPending.length) return;
+    const fresh = live.evalsPending.sort((a, b) => a.x - b.x);
+    live.evalsPending = [];
+    const before = live.evals;
+    live.evals = mergeEvals(before, fresh);
+    showIterationRows();
+    if (!hasPlotly()) return;
+    const lossDiv = $('loss-chart');
+    const evalDiv = $('eval-chart');
+    // Only new iterations after the last drawn one, on charts already drawn with a score, can be appended.
+    const appended = before.length > 0 && fresh[0].x > before[before.length - 1].x &&
+      live.evals.length === before.length + fresh.length;
+    if (!appended || !(lossDiv && lossDiv.data) || !(evalDiv && evalDiv.data)) {
+      drawLineCharts();
+      return;
+    }
+    const xs = fresh.map((p) => p.x);
+    const accuracy = evalMetric() === 'accuracy';
+    Plotly.extendTraces(lossDiv, { x: [xs], y: [fresh.map((p) => p.loss)] }, [1]);
+    Plotly.extendTraces(evalDiv, {
+      x: [xs],
+      y: [fresh.map((p) => (accuracy ? p.accuracy : p.perplexity))],
+      customdata: [fresh.map((p) => p.samples)],
+    }, [0]);
   }
 
   /* ---------- step timeline ---------- */
@@ -447,6 +567,8 @@
       live.points.push(toPoint(it));
     });
     live.points.sort((a, b) => a.x - b.x);
+    live.evalsPending = [];
+    live.evals = mergeEvals([], (job.eval || []).filter((e) => isNumber(e.iteration)).map(toEvalPoint));
     drawLineCharts();
     showIterationRows();
     showProgress();
@@ -470,6 +592,10 @@
     queueIteration(msg);
   }
 
+  function onEval(msg) {
+    queueEval(msg);
+  }
+
   function onSteps(msg) {
     if (!Array.isArray(msg.steps) || !msg.steps.length) return;
     live.steps = keepLatestSteps(live.steps.concat(msg.steps));
@@ -491,6 +617,7 @@
   const HANDLERS = {
     snapshot: onSnapshot,
     iteration: onIteration,
+    eval: onEval,
     steps: onSteps,
     device: onDevice,
     log: onLog,

@@ -93,6 +93,25 @@ def test_bad_event_fields_are_dropped_one_by_one(bob):
     assert not JobEvent.objects.filter(job=job, type="iteration").exists()
 
 
+def test_a_malformed_score_gets_one_error_line_and_is_not_stored(bob, client):
+    device, credential = enrolled()
+    job = running_job(bob, [device])
+    score = {"type": "eval", "iteration": 0, "loss": 2.0, "accuracy": 0.5, "perplexity": None, "samples": 64,
+             "device_s": 0.1}  # fmt: skip
+    bad = [{**score, "accuracy": "x"}, {**score, "samples": -64}, {k: v for k, v in score.items() if k != "loss"}]
+    replies = talk(credential, json.dumps(batch(*bad, job=job.pk)))
+    assert replies == [
+        {"type": "error", "message": "event 1 dropped: eval: field 'accuracy' has the wrong type (str; expected float "
+                                     "or NoneType)"},
+        {"type": "error", "message": "event 2 dropped: eval: field 'samples' must not be negative"},
+        {"type": "error", "message": "event 3 dropped: eval: missing field 'loss'"},
+        {"type": "ack", "seq": 3},
+    ]  # fmt: skip
+    assert not JobEvent.objects.filter(job=job, type="eval").exists()
+    client.force_login(bob)
+    assert client.get(f"/api/jobs/{job.pk}/").json()["eval"] == []
+
+
 def test_a_device_cannot_spoof_steps_nor_write_into_finished_jobs(bob, client):
     device, credential = enrolled()
     other, _ = enrolled("nx-0", "jetson-xavier-nx")
@@ -153,10 +172,14 @@ values = st.recursive(
     max_leaves=12,
 )
 SESSIONS = itertools.count()
-EVENT_KINDS = ["device-start", "step", "iteration", "device-done", "device-error", "job-stopped", "run-stop", "x"]
+EVENT_KINDS = ["device-start", "step", "iteration", "eval", "device-done", "device-error", "job-stopped", "run-stop",
+               "x"]  # fmt: skip
 FIELDS = ["device", "stage", "micro_batch", "kind", "start", "end", "iteration", "loss", "iteration_s", "throughput",
-          "late_steps", "steps", "message", "cause", "reason", "rank", "dilation", "part"]  # fmt: skip
+          "late_steps", "steps", "message", "cause", "reason", "rank", "dilation", "part", "accuracy",
+          "samples"]  # fmt: skip
 VALID = [STEP, DONE, {"type": "iteration", "iteration": 0, "loss": 2.0, "iteration_s": 0.1, "throughput": 80.0},
+         {"type": "eval", "iteration": 0, "loss": 2.0, "accuracy": 0.5, "perplexity": None, "samples": 64,
+          "device_s": 0.1},
          {"type": "device-start", "device": "tx2-0", "rank": 0, "stage": 0, "dilation": 10.0, "pid": 1},
          {"type": "device-error", "device": "tx2-0", "iteration": 1, "message": "x", "cause": "peer"},
          {"type": "job-stopped", "device": "tx2-0", "reason": "cancelled"}]  # fmt: skip

@@ -44,3 +44,33 @@ def test_a_dataset_that_cannot_serve_the_model_is_a_form_error(cluster_c, model,
     form = JobForm({**BODY, "model": model, "dataset": dataset, "epochs": 1})
     assert not form.is_valid()
     assert form.errors["dataset"][0].startswith(message) and "iterations" not in form.errors
+
+
+@pytest.mark.parametrize("given, expected", [({}, 0), ({"eval_every": ""}, 0), ({"eval_every": 0}, 0),
+                                             ({"eval_every": 5}, 5), ({"eval_every": 20}, 20)])  # fmt: skip
+def test_evaluation_is_off_unless_asked_for(cluster_c, given, expected):
+    form = JobForm({**BODY, "model": "mobilenetv2", "dataset": "digits", "iterations": 20, **given})
+    assert form.is_valid(), form.errors
+    assert form.cleaned_data["eval_every"] == expected
+
+
+@pytest.mark.parametrize(
+    "given, message",
+    [
+        ({"eval_every": -1}, "Must be a whole number from 0 to 100000."),
+        ({"eval_every": 2.5}, "Must be a whole number from 0 to 100000."),
+        ({"eval_every": "often"}, "Must be a whole number from 0 to 100000."),
+        ({"eval_every": 21}, "At most the job's 20 iterations (0: never)."),
+        ({"eval_every": 5, "batch_size": 1024}, "An evaluation scores at most 512 held-out samples in whole batches"),
+    ],
+)
+def test_a_bad_evaluation_interval_is_a_form_error(cluster_c, given, message):
+    form = JobForm({**BODY, "model": "mobilenetv2", "dataset": "synthetic", "iterations": 20, **given})
+    assert not form.is_valid()
+    assert list(form.errors) == ["eval_every"] and form.errors["eval_every"][0].startswith(message)
+
+
+def test_the_evaluation_interval_is_checked_against_the_iterations_epochs_make(cluster_c):
+    body = {**BODY, "model": "mobilenetv2", "dataset": "digits", "epochs": 1}  # 1438 / 50: 29 iterations
+    assert JobForm({**body, "eval_every": 29}).is_valid()
+    assert JobForm({**body, "eval_every": 30}).errors["eval_every"] == ["At most the job's 29 iterations (0: never)."]

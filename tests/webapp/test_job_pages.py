@@ -1,10 +1,16 @@
 """Job pages: the form (with errors on it), the plan page with its figures and tables, live page, downloads."""
 
 import json
+import shutil
+import subprocess
+from pathlib import Path
 
+import pytest
 from django.utils import timezone
 
 from webapp.jobs.models import Job, JobDevice, JobEvent
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_form_plans_and_shows_the_plan(client, bob, cluster_c, profile_cache, django_capture_on_commit_callbacks):
@@ -75,3 +81,77 @@ def test_finished_job_offers_model_and_trace(client, bob, settings):
     download = client.get(f"/jobs/{job.pk}/model.pt")
     assert b"".join(download.streaming_content) == b"weights"
     assert "attachment" in download["Content-Disposition"]
+
+
+def test_the_live_page_has_a_held_out_chart_only_for_an_evaluated_job(client, bob):
+    client.force_login(bob)
+    plain = Job.objects.create(owner=bob, model="mobilenetv2", status="running")
+    scored = Job.objects.create(owner=bob, model="mobilenetv2", status="running", eval_every=5)
+    assert 'id="eval-chart"' not in client.get(f"/jobs/{plain.pk}/live/").content.decode()
+    page = client.get(f"/jobs/{scored.pk}/live/").content.decode()
+    assert 'id="eval-chart"' in page and "every 5 iterations" in page
+
+
+# static/js/live.js in node over a stub page: a Plotly that records what it draws, a socket the test drives.
+EVAL_PAGE = r"""
+const fs = require('fs');
+const element = (id, dataset) => ({ id, dataset: dataset || {}, textContent: '', classList: new Set() });
+const page = { live: element('live', { wsUrl: '/ws/jobs/1/', devices: '[]', predicted: '0', iterations: '4' }),
+               'loss-chart': element('loss-chart'), 'eval-chart': element('eval-chart') };
+const sockets = [], timers = [], calls = [];
+global.window = { addEventListener() {}, Plotly: {
+  react: (div, data, layout) => { div.data = data; calls.push({ how: 'react', div: div.id, data, layout }); },
+  extendTraces: (div, update, traces) => calls.push({ how: 'extend', div: div.id, update, traces }),
+} };
+global.Plotly = window.Plotly;
+global.document = { readyState: 'complete', getElementById: (id) => page[id] || null, querySelectorAll: () => [] };
+global.location = { protocol: 'http:', host: '127.0.0.1:8000' };
+global.setTimeout = (fn) => timers.push(fn);
+global.clearTimeout = () => {};
+global.WebSocket = class {
+  constructor() { this.on = {}; sockets.push(this); }
+  addEventListener(kind, fn) { this.on[kind] = fn; }
+};
+eval(fs.readFileSync(process.argv[2], 'utf8'));
+const [first, later] = JSON.parse(process.argv[3]);
+const iteration = { type: 'iteration', iteration: 0, loss: 2.0, iteration_s: 0.1, throughput: 80.0 };
+const job = { status: 'running', iterations: 4, eval: [first] };
+const send = (msg) => sockets[0].on.message({ data: JSON.stringify(msg) });
+send({ type: 'snapshot', job, iterations: [iteration], steps: [], devices: {}, log: [] });
+const loaded = calls.length;
+send({ type: 'batch', messages: [{ type: 'eval', ...later }] });
+timers.splice(0).forEach((fn) => fn());
+console.log(JSON.stringify({ loaded: calls.slice(0, loaded), live: calls.slice(loaded) }));
+"""
+
+SCORE = {"iteration": 1, "loss": 1.2, "accuracy": 0.5, "perplexity": None, "samples": 256, "device_s": 0.1}
+
+
+@pytest.mark.parametrize(
+    "first, later, axis, shown",
+    [
+        (SCORE, {**SCORE, "iteration": 3, "loss": 0.9, "accuracy": 0.75}, "held-out accuracy (%)", [50.0, 75.0]),
+        ({**SCORE, "accuracy": None, "perplexity": 3.3}, {**SCORE, "iteration": 3, "loss": 0.9, "accuracy": None,
+                                                          "perplexity": 2.5}, "held-out perplexity", [3.3, 2.5]),
+    ],
+)  # fmt: skip
+def test_the_live_page_draws_held_out_scores_then_appends_new_ones(tmp_path, first, later, axis, shown):
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed")
+    harness = tmp_path / "eval_page.js"
+    harness.write_text(EVAL_PAGE)
+    out = subprocess.run([node, str(harness), str(ROOT / "static/js/live.js"), json.dumps([first, later])],
+                         capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    calls = json.loads(out.stdout)
+    loss, scores = [[c for c in calls["loaded"] if c["div"] == div][-1] for div in ("loss-chart", "eval-chart")]
+    assert [t["name"] for t in loss["data"]] == ["training", "held-out"]
+    assert loss["data"][1]["x"] == [2] and loss["data"][1]["y"] == [1.2]  # after iteration 1 (0-based): x = 2
+    assert scores["data"][0]["x"] == [2] and scores["data"][0]["y"] == [shown[0]]
+    assert scores["layout"]["yaxis"]["title"]["text"] == axis
+    assert calls["live"] == [  # the new score is appended to both charts, nothing redrawn
+        {"how": "extend", "div": "loss-chart", "update": {"x": [[4]], "y": [[0.9]]}, "traces": [1]},
+        {"how": "extend", "div": "eval-chart", "update": {"x": [[4]], "y": [[shown[1]]], "customdata": [[256]]},
+         "traces": [0]},
+    ]  # fmt: skip

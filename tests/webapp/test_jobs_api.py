@@ -3,7 +3,9 @@
 import pytest
 from django.test import Client
 
+from engine.runtime.options import RunOptions
 from webapp.accounts.models import ApiToken
+from webapp.jobs import launching
 from webapp.jobs.models import Job, JobDevice
 
 
@@ -89,6 +91,11 @@ def test_session_writes_need_csrf_but_tokens_do_not(bob, cluster_c):
         ({"model": "mobilenetv2", "batch_size": 64}, "iterations: Give the number of iterations or of epochs"),
         ({"model": "bert-small", "dataset": "cifar10", "batch_size": 8, "iterations": 2}, "dataset: cifar10 needs"),
         ({"model": "mobilenetv2", "batch_size": 64, "iterations": 2, "devices": ["nx-9"]}, "devices: Select a valid"),
+        ({"model": "mobilenetv2", "batch_size": 64, "iterations": 2, "eval_every": -1}, "eval_every: Must be a whole"),
+        (
+            {"model": "mobilenetv2", "batch_size": 64, "iterations": 2, "eval_every": 3},
+            "eval_every: At most the job's 2",
+        ),
     ],
 )
 def test_bad_requests_get_one_line(bob, cluster_c, body, message):
@@ -137,6 +144,24 @@ def test_launch_assigns_every_device_and_cancel_frees_them(planned, bob):
     assert client.post(f"/api/jobs/{planned.pk}/cancel/").json()["status"] == "cancelled"
     assert {r.device.status for r in JobDevice.objects.filter(job=planned).select_related("device")} == {"online"}
     assert client.post(f"/api/jobs/{planned.pk}/cancel/").status_code == 409
+
+
+def test_eval_every_reaches_the_devices_run_options(
+    bob, cluster_c, profile_cache, django_capture_on_commit_callbacks, monkeypatch
+):
+    told = []
+    monkeypatch.setattr(launching, "tell_agent", lambda device_id, msg: told.append(msg))
+    client = Client()
+    client.force_login(bob)
+    body = {"model": "mobilenetv2", "dataset": "digits", "batch_size": 64, "iterations": 4, "eval_every": 2}
+    with django_capture_on_commit_callbacks(execute=True):
+        created = client.post("/api/jobs/", body, content_type="application/json")
+    assert created.status_code == 201 and created.json()["eval_every"] == 2 and created.json()["eval"] == []
+    doc = client.post(f"/api/jobs/{created.json()['id']}/launch/").json()
+    assert doc["status"] == "running", doc["message"]
+    assigned = [m for m in told if m["type"] == "assign"]
+    assert assigned and all(RunOptions.from_dict(m["options"]).eval_every == 2 for m in assigned)
+    assert {m["options"]["dataset"] for m in assigned} == {"digits"}
 
 
 def test_launch_refuses_an_offline_device(planned, bob):

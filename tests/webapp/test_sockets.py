@@ -244,3 +244,37 @@ def test_a_disabled_device_stays_connected_but_disabled():
     async_to_sync(run)()
     device.refresh_from_db()
     assert device.status == "disabled" and not device.available and device.last_heartbeat is not None
+
+
+def test_held_out_scores_are_stored_relayed_and_in_the_jobs_json(bob, client):
+    device, credential = enrolled()
+    job = running_job(bob, [device])
+    first = {"type": "eval", "iteration": 0, "loss": 2.1, "accuracy": 0.25, "perplexity": None, "samples": 256,
+             "device_s": 0.4, "generation": 0}  # fmt: skip
+    again = {**first, "loss": 1.9, "accuracy": 0.3, "generation": 1}  # the iteration replayed, scored again
+    last = {**again, "iteration": 1, "loss": 1.5, "accuracy": 0.5}
+
+    async def run():
+        _, watch_token = await sync_to_async(ApiToken.issue)(bob)
+        browser = WebsocketCommunicator(application, f"/ws/jobs/{job.pk}/",
+                                        headers=[(b"authorization", f"Bearer {watch_token}".encode())])  # fmt: skip
+        assert (await browser.connect())[0]
+        assert (await browser.receive_json_from(5))["job"]["eval"] == []
+        ws = agent_socket(credential)
+        assert (await ws.connect())[0]
+        await say(ws, HELLO)
+        ack = await say(ws, {"type": "events", "events": [{"seq": 1, "job": job.pk, "event": first}]})
+        assert ack == {"type": "ack", "seq": 1}
+        assert await browser.receive_json_from(5) == first
+        batch = {"type": "events", "events": [{"seq": 2, "job": job.pk, "event": again},
+                                              {"seq": 3, "job": job.pk, "event": last}]}  # fmt: skip
+        assert await say(ws, batch) == {"type": "ack", "seq": 3}
+        assert (await browser.receive_json_from(5))["messages"] == [again, last]
+        await ws.disconnect()
+        await browser.disconnect()
+
+    async_to_sync(run)()
+    assert JobEvent.objects.filter(job=job, type="eval").count() == 3
+    client.force_login(bob)
+    scores = client.get(f"/api/jobs/{job.pk}/").json()["eval"]
+    assert scores == [{k: v for k, v in ev.items() if k != "type"} for ev in (again, last)]

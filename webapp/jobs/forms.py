@@ -7,12 +7,14 @@ from django import forms
 from engine.data import PATH_DATASETS, dataset_names, train_size
 from engine.errors import UserError
 from engine.models import get_model, model_names
+from engine.runtime.options import RunOptions
 from webapp.devices.models import Device
 from webapp.lib.fields import number, whole_number
 
 MAX_BATCH = 4096
 MAX_ITERATIONS = 100_000
 MAX_EPOCHS = 1000  # bounded so that epochs -> iterations stays a finite number (the iteration cap applies after)
+EVAL_SAMPLES = RunOptions().eval_samples  # what a job's evaluation scores at most, in whole batches
 
 
 class JobForm(forms.Form):
@@ -23,6 +25,14 @@ class JobForm(forms.Form):
     epochs = number(0.01, MAX_EPOCHS, required=False, help_text="Instead of iterations: passes over the data.")
     lr = number(1e-6, 10.0, label="Learning rate", initial=0.05)
     bandwidth_mbps = number(0.1, 1e6, label="Bandwidth (Mbps)", initial=1000.0)
+    eval_every = whole_number(
+        0,
+        MAX_ITERATIONS,
+        label="Evaluate every (iterations)",
+        initial=0,
+        required=False,
+        help_text="Score the held-out split every N iterations and after the last; 0: never.",
+    )
     devices = forms.MultipleChoiceField(
         choices=[], required=False, widget=forms.CheckboxSelectMultiple, help_text="None ticked: every online device."
     )
@@ -35,6 +45,9 @@ class JobForm(forms.Form):
         self.fields["devices"].choices = [
             (d.name, f"{d.name} ({d.get_kind_display()}, {d.status})") for d in Device.objects.all()
         ]
+
+    def clean_eval_every(self):
+        return self.cleaned_data["eval_every"] or 0  # left empty: never
 
     def clean(self):
         data = super().clean()
@@ -52,6 +65,15 @@ class JobForm(forms.Form):
             data["iterations"] = max(1, round(data["epochs"] * size / data["batch_size"]))
         if data.get("iterations") and data["iterations"] > MAX_ITERATIONS:
             self.add_error("epochs", f"That is {data['iterations']} iterations; at most {MAX_ITERATIONS}.")
+        every, iterations, batch = data.get("eval_every"), data.get("iterations"), data.get("batch_size")
+        if every and iterations and every > iterations:
+            self.add_error("eval_every", f"At most the job's {iterations} iterations (0: never).")
+        elif every and batch and batch > EVAL_SAMPLES:
+            self.add_error(
+                "eval_every",
+                f"An evaluation scores at most {EVAL_SAMPLES} held-out samples in whole batches: "
+                f"use a batch size of at most {EVAL_SAMPLES}, or 0 (never).",
+            )
         names = data.get("devices") or []
         candidates = Device.objects.filter(name__in=names) if names else Device.objects.all()
         if not any(d.available for d in candidates):

@@ -1,5 +1,5 @@
 """Events from the devices: stored once each (by sequence number), relayed to the job's watchers, and what they
-mean for the job and its devices (a device started, an iteration ended, a device is done or failed)."""
+mean for the job and its devices (a device started, an iteration ended or was scored, a device is done or failed)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ log = logging.getLogger(__name__)
 
 
 # Events of a finished job that still mean something: a device's own failure may replace a lost peer as the
-# reason (`fail(..., overrule=True)`), and a device's end frees it. Steps and iterations of a finished job,
+# reason (`fail(..., overrule=True)`), and a device's end frees it. Steps, iterations and scores of a finished job,
 # which would change its record (its trace, its charts) after the fact, are dropped.
 AFTER_THE_END = ("device-done", "device-error", "job-stopped")
 
@@ -76,6 +76,8 @@ def _apply(row: JobDevice, ev: dict) -> None:
         progress = min(1.0, (ev["iteration"] + 1) / job.iterations)
         Job.objects.filter(pk=job.pk).update(latest=message, progress=progress)
         notify(job.pk, message)
+    elif kind == "eval":  # stored with the others; the job's JSON reads it back (Job.eval_records)
+        notify(job.pk, browser_event(ev))
     elif kind == "device-done":
         _device_state(row, JobDevice.State.DONE, result={k: v for k, v in ev.items() if k != "type"})
         if not JobDevice.objects.filter(job=job).exclude(state=JobDevice.State.DONE).exists():

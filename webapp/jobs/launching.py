@@ -62,6 +62,7 @@ def launch(job: Job) -> None:
         timeout_s=settings.ASTEROID_RUN_TIMEOUT_S,
         save_model=True,
         generation=job.pk,
+        eval_every=job.eval_every,
     ).to_dict()
     for row in rows:
         notify(job.pk, {"type": "device", "device": row.name, "state": row.state})

@@ -45,6 +45,7 @@ class Job(models.Model):
     iterations = models.PositiveIntegerField(default=20)
     lr = models.FloatField(default=0.05)
     bandwidth_mbps = models.FloatField(default=1000.0)
+    eval_every = models.PositiveIntegerField(default=0)  # score the held-out split every N iterations (0: never)
     requested_devices = models.JSONField(default=list, blank=True, help_text="Names; empty: every online device.")
     # Where it stands.
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED, db_index=True)
@@ -98,6 +99,15 @@ class Job(models.Model):
         return plan.predicted.throughput if plan and plan.predicted else None
 
     @property
+    def eval_records(self) -> list[dict]:
+        """The held-out scores (`eval` events without their type) by iteration; of an iteration scored twice
+        (replayed), the later."""
+        newest = {}
+        for ev in self.events.filter(type="eval").values_list("data", flat=True):
+            newest[ev["iteration"]] = {k: v for k, v in ev.items() if k != "type"}
+        return [newest[k] for k in sorted(newest)]
+
+    @property
     def group(self) -> str:
         """The Channels group of the job's browser sockets."""
         return f"job.{self.pk}"
@@ -112,6 +122,7 @@ class Job(models.Model):
             "iterations": self.iterations,
             "lr": self.lr,
             "bandwidth_mbps": self.bandwidth_mbps,
+            "eval_every": self.eval_every,
             "devices": self.device_names or self.requested_devices,
             "status": self.status,
             "progress": self.progress,
@@ -122,6 +133,7 @@ class Job(models.Model):
                 for m, p in (self.comparison or {}).items()
             },
             "latest": self.latest,
+            "eval": self.eval_records,
             "created_at": self.created_at.isoformat() if self.created_at else None,
             "started_at": self.started_at.isoformat() if self.started_at else None,
             "finished_at": self.finished_at.isoformat() if self.finished_at else None,

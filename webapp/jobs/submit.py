@@ -7,6 +7,9 @@ from django.http import Http404
 
 from webapp.jobs.models import Job
 
+# What a user asks for (the job form's fields, devices apart), kept on the job.
+REQUEST = ("model", "dataset", "batch_size", "iterations", "lr", "bandwidth_mbps", "eval_every")
+
 
 def visible_jobs(user):
     """Staff see every job; everyone else only their own (another's job is a 404, not a 403)."""
@@ -26,7 +29,7 @@ def submit(user, data: dict, job: Job | None = None) -> Job:
     """A new job (or `job` re-planned with new settings), queued for the planning task."""
     from webapp.jobs.tasks import plan_job
 
-    fields = {k: data[k] for k in ("model", "dataset", "batch_size", "iterations", "lr", "bandwidth_mbps")}
+    fields = {k: data[k] for k in REQUEST}
     fields["requested_devices"] = list(data.get("devices") or [])
     if job is None:
         job = Job.objects.create(owner=user, **fields)

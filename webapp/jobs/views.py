@@ -16,7 +16,7 @@ from webapp.jobs import ending, figures, launching, rows
 from webapp.jobs.artifacts import model_path
 from webapp.jobs.forms import JobForm
 from webapp.jobs.models import Job, JobEvent
-from webapp.jobs.submit import submit, visible_job, visible_jobs
+from webapp.jobs.submit import REQUEST, submit, visible_job, visible_jobs
 
 
 def _job(request, job_id: int) -> Job:
@@ -55,7 +55,7 @@ def job_detail(request, job_id: int):
         context["device_rows"] = rows.device_rows(plan)
     if job.launched_at is None and job.status in (Job.Status.PLANNED, Job.Status.FAILED):
         initial = {
-            **{k: getattr(job, k) for k in ("model", "dataset", "batch_size", "iterations", "lr", "bandwidth_mbps")},
+            **{k: getattr(job, k) for k in REQUEST},
             "devices": job.device_names or job.requested_devices,
         }
         context["replan_form"] = JobForm(initial=initial)
