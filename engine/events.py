@@ -51,6 +51,7 @@ class Event:
 
     TYPE: ClassVar[str]
     NON_NEGATIVE: ClassVar[tuple[str, ...]] = ()  # numeric fields that may not be below zero
+    FRACTIONS: ClassVar[tuple[str, ...]] = ()  # numeric fields between 0 and 1
     UNSAID: ClassVar[tuple[str, ...]] = ()  # fields left out of the message while they hold their default
 
     def to_message(self) -> dict:
@@ -78,6 +79,8 @@ class Event:
             _check(cls.TYPE, name, value, types)
             if name in cls.NON_NEGATIVE and value is not None and value < 0:
                 raise EventError(f"{cls.TYPE}: field {name!r} must not be negative")
+            if name in cls.FRACTIONS and value is not None and not 0 <= value <= 1:
+                raise EventError(f"{cls.TYPE}: field {name!r} must be between 0 and 1")
             values[name] = float(value) if float in types and type(value) is int else value
         return cls(**values)
 
@@ -152,7 +155,8 @@ class Eval(Event):
     """The model after an iteration, scored on the dataset's held-out split (forward only, through the pipeline)."""
 
     TYPE = "eval"
-    NON_NEGATIVE = ("iteration", "samples", "device_s")
+    NON_NEGATIVE = ("iteration", "samples", "device_s", "perplexity")
+    FRACTIONS = ("accuracy",)
 
     iteration: int
     loss: float | None  # mean held-out loss per sample (per token for language models); None: not finite
