@@ -56,11 +56,13 @@ class Generation:
     leaving: tuple[str, ...] = ()  # devices that hand over their layers in this generation and then exit
     slow: dict[str, list] = field(default_factory=dict)  # device -> [from iteration (0-based), factor]
     replication_s: float = 0.0  # device seconds a replication point adds to its iteration
+    restore_s: float = 0.0  # device seconds the longest restore of this generation's layers takes
 
     @property
-    def longest_iteration_s(self) -> float:
-        """The longest iteration the plan predicts (one with a replication point): bounds healthy waits."""
-        return self.predicted_iteration_s + self.replication_s
+    def longest_wait_s(self) -> float:
+        """Device seconds a healthy device may wait for a peer, at most: the longest iteration (one with a
+        replication point) or a peer's restore of its layers, whichever is longer."""
+        return max(self.predicted_iteration_s + self.replication_s, self.restore_s)
 
     @property
     def ranks(self) -> list[str]:
@@ -82,6 +84,7 @@ class Generation:
                 "leaving": list(self.leaving),
                 "slow": self.slow,
                 "replication_s": self.replication_s,
+                "restore_s": self.restore_s,
             }
         )
 
@@ -105,6 +108,7 @@ class Generation:
             leaving=tuple(doc["leaving"]),
             slow=doc["slow"],
             replication_s=doc["replication_s"],
+            restore_s=doc["restore_s"],
         )
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from engine.costmodel import Workload, replication_s, score
+from engine.costmodel import Workload, link_s, replica_bytes, replication_s, score
 from engine.devices import Cluster, Device, get_kind
 from engine.errors import UserError
 from engine.events import (
@@ -175,15 +175,24 @@ class Coordinator:
         self.drift = 0
 
     def _generation(self, number: int, plan: Plan, start: int, pieces, leaving=()) -> Generation:
+        pieces = tuple(pieces)
         true_plan = replace(plan, cluster=self._cluster(plan.device_names, slowed=False))
         steps = device_steps(true_plan, self.w)  # the devices' own speeds: a slow one pads by its factor
         slow = {s.device: [s.iteration - 1, s.factor] for s in self.faults.slow if s.device in plan.device_names}
         return Generation(
             number=number, plan=plan, steps=steps, start=start, iterations=self.opts.iterations,
-            pieces=tuple(pieces), predicted_iteration_s=score(plan, self.w).iteration_s, replicate_every=self.K,
-            replication_s=replication_s(plan, self.w) if self.K else 0.0,
+            pieces=pieces, predicted_iteration_s=score(plan, self.w).iteration_s, replicate_every=self.K,
+            replication_s=replication_s(plan, self.w) if self.K else 0.0, restore_s=self._restore_s(plan, pieces),
             dilation=self.dilation, leaving=tuple(leaving), slow=slow,
         )  # fmt: skip
+
+    def _restore_s(self, plan: Plan, pieces) -> float:
+        """Device seconds of the longest restore: the layers a device receives over its link, one after the other."""
+        per: dict[str, float] = {}
+        for p in pieces:
+            if not p.local:
+                per[p.to] = per.get(p.to, 0.0) + link_s(plan.cluster, replica_bytes(self.w, p.start, p.end))
+        return max(per.values(), default=0.0)
 
     def _cluster(self, names: list[str], slowed: bool = True) -> Cluster:
         """The cluster of `names`: as planned (measured slow-downs applied) or as the devices really are."""
@@ -255,7 +264,7 @@ class Coordinator:
                 self._membership_change()
                 last_event = time.monotonic()
                 continue
-            quiet = group_timeout(self.opts.timeout_s, self.dilation, self.generation.longest_iteration_s) * 2
+            quiet = group_timeout(self.opts.timeout_s, self.dilation, self.generation.longest_wait_s) * 2
             if self.opts.eval_every:  # an evaluation sends no events: at most this many forward-only batches
                 batches = max(1, self.opts.eval_samples // self.plan.batch_size)
                 quiet += (self.dilation or 1.0) * batches * self.generation.predicted_iteration_s
@@ -376,7 +385,7 @@ class Coordinator:
         """The copies every survivor holds (it reports them once its generation stopped); a survivor that does
         not report within the bound is lost too."""
         gen = self.generation
-        bound = time.monotonic() + self.detect_s + 3 * (self.dilation or 1.0) * gen.longest_iteration_s + 5
+        bound = time.monotonic() + self.detect_s + 3 * (self.dilation or 1.0) * gen.longest_wait_s + 5
         copies: list[Copy] = []
         waiting = list(survivors)
         while waiting and time.monotonic() < bound:

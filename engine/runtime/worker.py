@@ -327,7 +327,7 @@ class _Device:
         """This generation's groups: everyone in it (restore), the plan's devices (training), and this
         device's stage (all-reduce), each on its own store prefix; the old ones are left alone."""
         timeout = timedelta(
-            seconds=group_timeout(self.opts.timeout_s, self.clock.dilation or gen.dilation, gen.longest_iteration_s)
+            seconds=group_timeout(self.opts.timeout_s, self.clock.dilation or gen.dilation, gen.longest_wait_s)
         )
         ranks = gen.ranks
         self.ranks = {name: r for r, name in enumerate(ranks)}

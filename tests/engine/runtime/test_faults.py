@@ -198,3 +198,23 @@ def test_a_standby_device_the_plan_left_out_takes_over_when_every_planned_device
     assert [d["name"] for st in final for d in st["devices"]] == ["nano-2"]
     assert {e["device"] for e in _kinds(events, "device-lost")} == {"nx-0", "tx2-1"}
     assert [it["iteration"] for it in result.iterations] == list(range(5))
+
+
+def test_healthy_waits_are_bounded_by_the_longest_restore_as_well_as_the_longest_iteration():
+    from engine.costmodel import link_s, replica_bytes
+    from engine.runtime.coordinator import Coordinator
+    from engine.runtime.recovery import CENTRAL, SEED, Piece
+
+    plan, w = _plan(), model_workload(MODEL)
+    coordinator = Coordinator(plan, w, OPTIONS, replicate_every=2)
+    pieces = [
+        Piece("nx-0", 0, 5, CENTRAL, CENTRAL, 2),
+        Piece("nx-0", 5, 8, "tx2-1", "replica", 2),
+        Piece("tx2-1", 5, 11, "tx2-1", "live", 2),  # its own: nothing crosses a link
+        Piece("nano-2", 0, 15, SEED, SEED, 0),
+    ]
+    gen = coordinator._generation(1, plan, 2, iter(pieces))  # a generator is read once
+    expect = link_s(plan.cluster, replica_bytes(w, 0, 5)) + link_s(plan.cluster, replica_bytes(w, 5, 8))
+    assert gen.pieces == tuple(pieces) and gen.restore_s == pytest.approx(expect)
+    assert gen.longest_wait_s == max(gen.predicted_iteration_s + gen.replication_s, expect)
+    assert gen.replication_s > 0
