@@ -38,6 +38,7 @@ from engine.events import (
     Replan,
     Replay,
 )
+from engine.models import get_model
 from engine.plan import Plan
 from engine.planners import COMPARED, NoFeasiblePlan, Problem, make_plan
 from engine.runtime import layerstate
@@ -76,6 +77,15 @@ class _Recovery:
     summary: str
     restore_s: dict[str, float] = field(default_factory=dict)
     setup_real_s: float = 0.0
+
+
+def with_model_bytes(w: Workload) -> Workload:
+    """`w` with its model's real parameter and momentum bytes, what replication and restores send (a workload
+    made up for a test may say otherwise)."""
+    with torch.device("meta"):  # shapes only: nothing allocated
+        layers = get_model(w.model).layers()
+    sizes = tuple(sum(p.numel() * p.element_size() for p in layer.parameters()) for layer in layers)
+    return replace(w, param_bytes=sizes, optimizer_bytes=sizes)
 
 
 def replicate_every_default(plan: Plan, w: Workload, budget: float = 0.04) -> int:
@@ -117,8 +127,9 @@ class Coordinator:
         self.plan, self.w, self.opts, self.faults = plan, workload, options, faults or Faults()
         self.emit = emit or (lambda _: None)
         self.run_dir = run_dir
-        self.K = replicate_every_default(plan, workload) if replicate_every is None else replicate_every
-        check_replicas_fit(plan, workload, self.K)
+        self.wb = with_model_bytes(workload)  # for what crosses the links: the copies and the restores
+        self.K = replicate_every_default(plan, self.wb) if replicate_every is None else replicate_every
+        check_replicas_fit(plan, self.wb, self.K)
         self.detect_s = detect_s
         self.true_cluster = plan.cluster  # the devices as they are (kinds); planning may see them slowed
         self.speed: dict[str, float] = {}  # measured slow-down factors the planner takes into account
@@ -182,16 +193,20 @@ class Coordinator:
         return Generation(
             number=number, plan=plan, steps=steps, start=start, iterations=self.opts.iterations,
             pieces=pieces, predicted_iteration_s=score(plan, self.w).iteration_s, replicate_every=self.K,
-            replication_s=replication_s(plan, self.w) if self.K else 0.0, restore_s=self._restore_s(plan, pieces),
+            replication_s=self.replication_s(plan), restore_s=self._restore_s(plan, pieces),
             dilation=self.dilation, leaving=tuple(leaving), slow=slow,
         )  # fmt: skip
+
+    def replication_s(self, plan: Plan) -> float:
+        """Device seconds a replication point adds to an iteration of `plan` (0: no replication)."""
+        return replication_s(plan, self.wb) if self.K else 0.0
 
     def _restore_s(self, plan: Plan, pieces) -> float:
         """Device seconds of the longest restore: the layers a device receives over its link, one after the other."""
         per: dict[str, float] = {}
         for p in pieces:
             if not p.local:
-                per[p.to] = per.get(p.to, 0.0) + link_s(plan.cluster, replica_bytes(self.w, p.start, p.end))
+                per[p.to] = per.get(p.to, 0.0) + link_s(plan.cluster, replica_bytes(self.wb, p.start, p.end))
         return max(per.values(), default=0.0)
 
     def _cluster(self, names: list[str], slowed: bool = True) -> Cluster:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.costmodel import Workload, replication_s, score
+from engine.costmodel import Workload, score
 from engine.data import get_dataset
 from engine.devices import Cluster
 from engine.errors import UserError
@@ -181,7 +181,7 @@ def train(
         recoveries=coordinator.recoveries,
         changes=changes,
         replicate_every=coordinator.K,
-        replication_s=replication_s(plan, workload) if coordinator.K else 0.0,
+        replication_s=coordinator.replication_s(plan),
         cluster=coordinator.true_cluster,
         evals=[evals[k] for k in sorted(evals)],
     )

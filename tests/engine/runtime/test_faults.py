@@ -202,7 +202,7 @@ def test_a_standby_device_the_plan_left_out_takes_over_when_every_planned_device
 
 def test_healthy_waits_are_bounded_by_the_longest_restore_as_well_as_the_longest_iteration():
     from engine.costmodel import link_s, replica_bytes
-    from engine.runtime.coordinator import Coordinator
+    from engine.runtime.coordinator import Coordinator, with_model_bytes
     from engine.runtime.recovery import CENTRAL, SEED, Piece
 
     plan, w = _plan(), model_workload(MODEL)
@@ -214,7 +214,9 @@ def test_healthy_waits_are_bounded_by_the_longest_restore_as_well_as_the_longest
         Piece("nano-2", 0, 15, SEED, SEED, 0),
     ]
     gen = coordinator._generation(1, plan, 2, iter(pieces))  # a generator is read once
-    expect = link_s(plan.cluster, replica_bytes(w, 0, 5)) + link_s(plan.cluster, replica_bytes(w, 5, 8))
+    real = with_model_bytes(w)  # what crosses the links is the model's weights and momentum, not the made-up bytes
+    assert real.param_bytes != w.param_bytes and sum(real.param_bytes) > 10**7
+    expect = link_s(plan.cluster, replica_bytes(real, 0, 5)) + link_s(plan.cluster, replica_bytes(real, 5, 8))
     assert gen.pieces == tuple(pieces) and gen.restore_s == pytest.approx(expect)
     assert gen.longest_wait_s == max(gen.predicted_iteration_s + gen.replication_s, expect)
     assert gen.replication_s > 0
