@@ -20,7 +20,8 @@ from engine.costmodel import ideal_throughput
 from engine.devices import Cluster, load_cluster
 from engine.errors import UserError
 from engine.plan import Plan
-from engine.planners import COMPARED, PLANNERS, NoFeasiblePlan, Problem, make_plan
+from engine.planners import COMPARED, PLANNERS, NoFeasiblePlan, Problem
+from engine.planners.levels import plan_compressed
 
 
 class _Parser(argparse.ArgumentParser):
@@ -50,6 +51,26 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _compression(text: str) -> tuple[tuple[int, ...], bool]:
+    from engine.compression import parse_compression
+
+    try:
+        return parse_compression(text)
+    except UserError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _compression_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--compression",
+        type=_compression,
+        default=((), False),
+        metavar="off|8|4|2|auto",
+        help="bits per value of the activations and gradients sent between stages (default off); auto: per "
+        "boundary, the level the cost model predicts fastest (auto:8,4 limits the levels it may pick)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m engine", description="Plan, simulate and benchmark hybrid pipeline training.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -63,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--optimizer", default="sgd", choices=["sgd", "adam"], help="optimizer state to budget for")
     p.add_argument("--refresh-profile", action="store_true", help="profile the model again instead of the cache")
     p.add_argument("--json", action="store_true", help="print the plan JSON (with --method all: every plan)")
+    _compression_argument(p)
 
     s = sub.add_parser("simulate", help="simulate one 1F1B iteration of a plan file")
     s.add_argument("--plan", required=True, help="a plan JSON file (from `plan --json`, or hand-edited)")
@@ -104,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument(
         "--eval-samples", type=_positive_int, default=512, help="held-out samples scored, in whole batches (512)"
     )
+    _compression_argument(t)
     t.add_argument("--seed", type=int, default=0, help="seed of the weights and the batch order")
     t.add_argument("--timeout", type=_positive_float, default=30.0, help="seconds before a silent device is dead")
     t.add_argument("--save", help="write the trained model as one state_dict (torch.save) to this file")
@@ -161,24 +184,36 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="run a benchmark and print its tables")
     b.add_argument(
         "name",
-        choices=["planner", "reproduce", "recovery"],
+        choices=["planner", "reproduce", "recovery", "compression"],
         help="planner: planning time and predicted throughput; reproduce: train every method on clusters A-D; "
-        "recovery: recovery from killed devices against a checkpoint-restart baseline",
+        "recovery: recovery from killed devices against a checkpoint-restart baseline; compression: training at "
+        "each compression level between stages against none",
     )
     b.add_argument("--quick", action="store_true", help="a small grid, for a fast look")
     b.add_argument("--timeout", type=_positive_float, default=60.0, help="planner: seconds allowed per cell")
     b.add_argument("--output", help="also write the markdown report to this file")
-    b.add_argument("--clusters", default="ABCD", help="reproduce, recovery: clusters to run (default ABCD)")
-    b.add_argument("--models", help="reproduce, recovery: comma-separated models (default: the paper's four)")
     b.add_argument(
-        "--bandwidths", default="1000,100", help="reproduce, recovery: comma-separated Mbps (default 1000,100)"
+        "--clusters",
+        default="ABCD",
+        help="reproduce, recovery, compression: clusters to run (default ABCD; compression: C)",
+    )
+    b.add_argument(
+        "--models",
+        help="reproduce, recovery, compression: comma-separated models (default: the paper's four; compression: "
+        "mobilenetv2,gpt-small)",
+    )
+    b.add_argument(
+        "--bandwidths",
+        default="1000,100",
+        help="reproduce, recovery, compression: comma-separated Mbps (default 1000,100)",
     )
     b.add_argument("--methods", help="reproduce: comma-separated methods (default: all five)")
     b.add_argument(
         "--iterations",
         type=_positive_int,
-        help="reproduce: iterations per run (default 2); recovery: iterations per run (default 10, the failure in "
-        "iteration 6, or the one before the last in shorter runs)",
+        help="reproduce: iterations per run (default 2); compression: of the accuracy runs (60 for mobilenetv2, 20 "
+        "for gpt-small); recovery: iterations per run (default 10, "
+        "the failure in iteration 6, or the one before the last in shorter runs)",
     )
     b.add_argument(
         "--scenarios",
@@ -195,13 +230,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--budget", type=float, default=120.0, help="reproduce: wall seconds a run may take, 0 for no limit (120)"
     )
     b.add_argument(
-        "--figure", help="reproduce, recovery: write the Plotly figure to this path (.html, and .png if possible)"
+        "--figure",
+        help="reproduce, recovery, compression: write the Plotly figure to this path (.html, and .png if possible)",
     )
-    b.add_argument("--record", help="reproduce: keep every run as JSON in this file (rewritten after each run)")
+    b.add_argument(
+        "--record", help="reproduce, compression: keep every run as JSON in this file (rewritten after each run)"
+    )
     b.add_argument(
         "--from-record",
-        help="reproduce: make the report from records instead of training (comma-separated; later runs of the "
-        "same cell and method replace earlier ones)",
+        help="reproduce, compression: make the report from records instead of training (comma-separated; later "
+        "runs of the same cell and method replace earlier ones)",
     )
 
     sub.add_parser("models", help="list the model zoo")
@@ -226,16 +264,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from engine.workloads import workload
 
     cluster = load_cluster(args.cluster, args.bandwidth_mbps)
-    w = workload(args.model, refresh=args.refresh_profile, optimizer=args.optimizer)
+    w = workload(args.model, refresh=args.refresh_profile, optimizer=args.optimizer, cluster=cluster)
     problem = Problem(w, cluster, args.batch_size)
     if args.method != "all":
-        plan = fitting_plan(args.method, problem)
+        plan = fitting_plan(args.method, problem, args.compression)
         print(json.dumps(plan.to_dict(), indent=2) if args.json else plan_table(plan))
         return 0
     results: dict[str, Plan | str] = {}
     for method in COMPARED:
         try:
-            results[method] = make_plan(method, problem, progress=sys.stderr.isatty())
+            results[method] = plan_compressed(method, problem, *args.compression, progress=sys.stderr.isatty())
         except NoFeasiblePlan as exc:
             if method == "asteroid":
                 raise UserError(infeasible_message(problem, method)) from None
@@ -257,10 +295,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def fitting_plan(method: str, problem: Problem) -> Plan:
-    """The method's plan, or a UserError saying what does not fit and which batch size would."""
+def fitting_plan(method: str, problem: Problem, compression: tuple[tuple[int, ...], bool] = ((), False)) -> Plan:
+    """The method's plan (at the `--compression` levels), or a UserError saying what does not fit and which
+    batch size would."""
     try:
-        plan = make_plan(method, problem, progress=sys.stderr.isatty())
+        plan = plan_compressed(method, problem, *compression, progress=sys.stderr.isatty())
     except NoFeasiblePlan:
         raise UserError(infeasible_message(problem, method)) from None
     if not plan.predicted.fits:
@@ -286,7 +325,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from engine.workloads import workload
 
     plan = _read_plan(args.plan)
-    sim = simulate(plan, workload(plan.model))
+    sim = simulate(plan, workload(plan.model, cluster=plan.cluster))
     if args.trace:
         trace = chrome_trace(list(sim.events), plan.device_names, f"{plan.method} {plan.model}")
         try:
@@ -338,7 +377,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             tuple(d for d in cluster.devices if d.name in resume["devices"]),
             cluster.bandwidth_mbps, cluster.latency_ms, cluster.name,
         )  # fmt: skip
-        w = workload(doc["model"])
+        w = workload(doc["model"], cluster=cluster)
         method = doc["method"] if doc["method"] in PLANNERS else "asteroid"
         plan = fitting_plan(method, Problem(w, cluster, doc["batch_size"]))
         options = RunOptions.from_dict(doc["options"])
@@ -350,16 +389,18 @@ def cmd_train(args: argparse.Namespace) -> int:
     elif args.plan:
         if args.model or args.cluster:
             raise UserError("give either --plan or --model/--cluster, not both")
+        if args.compression[0]:
+            raise UserError("a plan file sets its own compression (its 'compression' field): drop --compression")
         plan = _read_plan(args.plan)
-        w = workload(plan.model)
+        w = workload(plan.model, cluster=plan.cluster)
     else:
         if not (args.model and args.cluster):
             raise UserError("train needs --model and --cluster (or --plan)")
         if args.rank is not None:
             raise UserError("a distributed run trains a plan file: pass --plan (every device the same)")
         cluster = load_cluster(args.cluster, args.bandwidth_mbps)
-        w = workload(args.model)
-        plan = fitting_plan(args.method, Problem(w, cluster, args.batch_size))
+        w = workload(args.model, cluster=cluster)
+        plan = fitting_plan(args.method, Problem(w, cluster, args.batch_size), args.compression)
     plan.validate(w.num_layers)
     if not args.resume:
         options = RunOptions(

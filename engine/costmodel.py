@@ -15,6 +15,11 @@ its devices. A stage of g >= 2 devices ring-all-reduces its gradients once per i
 which is exactly (M + S - 1)(f + b) for equal stages. Memory of a device in the stage with k stages
 after it (itself included): weights + gradients + optimizer state + n * (min(k, M) * saved + peak).
 
+A device whose per-layer seconds are known (`Workload.with_device_times`: a measured table, or the latency
+predictor's for a device of no known kind) uses them instead of W / flops_d. A boundary compressed to b bits
+(the plan's `compression`) carries a * b / 32 bytes, and each device on it pays encoding and decoding its values
+(`codec_work`, measured on the host, turned into device seconds like its compute).
+
 Fault tolerance (replication every K iterations): at a replication point each stage's first device sends
 its layers' weights and optimizer state to its neighbour (the next stage's first device, wrapping around)
 and to the coordinator, one after the other over its link; the slowest stage's copy adds to that iteration,
@@ -25,14 +30,18 @@ state, and each stage's neighbour the replica it received.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from engine import schedule
 from engine.devices import LAYER_OVERHEAD_S, Cluster, Device
 from engine.errors import UserError
-from engine.plan import Plan, Prediction
+from engine.plan import OFF, Plan, Prediction
+
+# FLOP-equivalents to encode and decode one float when no measurement is at hand (about what this host measured).
+DEFAULT_CODEC_WORK = 50.0
 
 
 @dataclass(frozen=True)
@@ -47,6 +56,12 @@ class Workload:
     peak_bytes: tuple[int, ...]
     param_bytes: tuple[int, ...]
     optimizer_bytes: tuple[int, ...]
+    # Host seconds x the host's FLOP rate (FLOP-equivalents) to encode and decode one float at each compression
+    # level (engine.compression), paid by the devices on both ends of a compressed boundary.
+    codec_work: tuple[tuple[int, float], ...] = ()
+    # Devices (by name) whose per-layer seconds are known (a measured table or the latency predictor's): their
+    # forward and backward seconds per sample of each layer, used instead of work / their FLOP rate.
+    device_times: Mapping[str, tuple[tuple[float, ...], tuple[float, ...]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         n = len(self.forward_flops)
@@ -64,6 +79,16 @@ class Workload:
         object.__setattr__(self, "_static", ints(np.multiply(2, self.param_bytes) + np.asarray(self.optimizer_bytes)))
         object.__setattr__(self, "_params", ints(self.param_bytes))
         object.__setattr__(self, "work_prefix", self._work.tolist())
+        tables = {}
+        for name, (fwd, bwd) in self.device_times.items():
+            if len(fwd) != n or len(bwd) != n:
+                raise ValueError(f"workload {self.model}: device {name!r} has times for {len(fwd)}/{len(bwd)} layers")
+            finite = all(math.isfinite(t) and t >= 0 for t in (*fwd, *bwd))
+            if not finite or not all(f + b > 0 for f, b in zip(fwd, bwd)):
+                raise ValueError(f"workload {self.model}: device {name!r} needs finite, positive times for every layer")
+            tables[name] = (cum(fwd).tolist(), cum(bwd).tolist(), cum(np.add(fwd, bwd)).tolist())
+        object.__setattr__(self, "_tables", tables)
+        object.__setattr__(self, "_codec", dict(self.codec_work))
 
     @property
     def num_layers(self) -> int:
@@ -78,6 +103,52 @@ class Workload:
 
     def backward(self, i: int, j: int) -> float:
         return float(self._bwd[j] - self._bwd[i])
+
+    def compute_s(self, dev: Device, i: int, j: int) -> float:
+        """Forward + backward seconds per sample of layers [i, j) on `dev`."""
+        table = self._tables.get(dev.name)
+        if table is None:
+            return self.work(i, j) / dev.flops_per_s
+        return table[2][j] - table[2][i]
+
+    def forward_s(self, dev: Device, i: int, j: int) -> float:
+        table = self._tables.get(dev.name)
+        return self.forward(i, j) / dev.flops_per_s if table is None else table[0][j] - table[0][i]
+
+    def backward_s(self, dev: Device, i: int, j: int) -> float:
+        table = self._tables.get(dev.name)
+        return self.backward(i, j) / dev.flops_per_s if table is None else table[1][j] - table[1][i]
+
+    def speed_bound(self, dev: Device) -> float:
+        """A FLOP rate `dev` never beats on any layer range (work / it <= compute_s): its own rate, or for a
+        device with a table the best work per second of any of its layers. The planner's bounds rely on it."""
+        table = self._tables.get(dev.name)
+        if table is None:
+            return dev.flops_per_s
+        rates = np.diff(self._work) / np.diff(table[2])
+        return max(float(rates.max()), 1e-30) * (1 + 1e-9)  # headroom for rounding in the prefix sums
+
+    def table_key(self, dev: Device) -> tuple | None:
+        """What, besides its spec, makes a device's times differ from another's (its table, if it has one)."""
+        table = self._tables.get(dev.name)
+        return None if table is None else tuple(table[2])
+
+    def codec_s(self, dev: Device, floats: float, bits: int) -> float:
+        """Seconds `dev` spends encoding and decoding `floats` values at compression level `bits` (0 when off)."""
+        if bits >= OFF or floats <= 0:
+            return 0.0
+        work = self._codec.get(bits, DEFAULT_CODEC_WORK) * floats
+        table = self._tables.get(dev.name)
+        if table is None:
+            return work / dev.flops_per_s
+        total = table[2][-1]
+        return work / (self._work[-1] / total) if total > 0 else 0.0
+
+    def with_device_times(self, times: Mapping[str, tuple[Sequence[float], Sequence[float]]]) -> Workload:
+        """This workload, with the named devices' per-layer forward and backward seconds per sample."""
+        merged = dict(self.device_times)
+        merged.update({k: (tuple(map(float, f)), tuple(map(float, b))) for k, (f, b) in times.items()})
+        return replace(self, device_times=merged)
 
     def saved(self, i: int, j: int) -> int:
         return self._saved[j] - self._saved[i]
@@ -150,10 +221,23 @@ def stage_fixed_s(cluster: Cluster, layers: int, boundaries: int) -> float:
     return 2 * layers * LAYER_OVERHEAD_S + 2 * boundaries * cluster.latency_s
 
 
-def stage_terms(w: Workload, cluster: Cluster, dev: Device, i: int, j: int, in_flight: int) -> StageTerms:
+def boundary_s(w: Workload, cluster: Cluster, dev: Device, i: int, j: int, levels: tuple[int, int]) -> float:
+    """Per-sample seconds a device of the stage over [i, j) spends on its boundaries: its activations and
+    gradients on the links, at `levels` (bits in, bits out) of their float32 size, and encoding and decoding
+    them (both directions) when compressed."""
     a_in, a_out = w.boundary_bytes(i, j)
+    b_in, b_out = levels
+    if b_in >= OFF and b_out >= OFF:
+        return (a_in + a_out) / cluster.bytes_per_s
+    wire = (a_in * b_in + a_out * b_out) / OFF
+    return wire / cluster.bytes_per_s + w.codec_s(dev, a_in / 4, b_in) + w.codec_s(dev, a_out / 4, b_out)
+
+
+def stage_terms(
+    w: Workload, cluster: Cluster, dev: Device, i: int, j: int, in_flight: int, levels: tuple[int, int] = (OFF, OFF)
+) -> StageTerms:
     fixed = stage_fixed_s(cluster, j - i, (i > 0) + (j < w.num_layers))
-    per_sample = w.work(i, j) / dev.flops_per_s + (a_in + a_out) / cluster.bytes_per_s
+    per_sample = w.compute_s(dev, i, j) + boundary_s(w, cluster, dev, i, j, levels)
     per_sample = max(per_sample, 1e-15)  # a stage of free layers (flatten) still takes a sample
     per_mem = in_flight * w.saved(i, j) + w.peak(i, j)
     free = dev.memory_bytes - w.static_bytes(i, j)
@@ -274,7 +358,8 @@ def score(plan: Plan, w: Workload, replicate_every: int = 0) -> Prediction:
     times, reduces, memory, busy, fits = [], [], {}, 0.0, True
     for p, st in enumerate(plan.stages):
         held = schedule.in_flight(S, M, p)
-        terms = [stage_terms(w, cluster, cluster.device(s.name), st.start, st.end, held) for s in st.devices]
+        levels = (plan.level(p - 1) if p else OFF, plan.level(p))
+        terms = [stage_terms(w, cluster, cluster.device(s.name), st.start, st.end, held, levels) for s in st.devices]
         times.append(stage_time(terms, [s.samples for s in st.devices]))
         reduces.append(allreduce_s(w, cluster, st.start, st.end, len(st.devices)))
         for t, s in zip(terms, st.devices):
@@ -293,5 +378,4 @@ def score(plan: Plan, w: Workload, replicate_every: int = 0) -> Prediction:
 
 def ideal_throughput(w: Workload, cluster: Cluster) -> float:
     """Sum of every device's own training throughput (whole model, no communication, no memory limit)."""
-    total = w.work(0, w.num_layers)
-    return sum(d.flops_per_s / total for d in cluster.devices)
+    return sum(1 / w.compute_s(d, 0, w.num_layers) for d in cluster.devices)

@@ -59,6 +59,9 @@ class Device:
     memory_gb: float
     gflops: float
     reserved_gb: float = 0.0
+    # A device of no known kind may carry its probe (engine.predictor: a few layers timed on it, as canonical
+    # JSON); planning then uses the latency predictor's per-layer times for it instead of gflops.
+    probe: str = ""
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -81,7 +84,7 @@ class Device:
     @property
     def spec(self) -> tuple:
         """What makes two devices interchangeable for planning."""
-        return (self.kind, self.memory_gb, self.gflops, self.reserved_gb)
+        return (self.kind, self.memory_gb, self.gflops, self.reserved_gb, self.probe)
 
     @classmethod
     def of_kind(cls, name: str, kind: str) -> Device:
@@ -91,7 +94,10 @@ class Device:
     def to_dict(self) -> dict:
         if self.kind in KINDS:
             return {"name": self.name, "kind": self.kind}
-        return {"name": self.name, "memory_gb": self.memory_gb, "gflops": self.gflops, "reserved_gb": self.reserved_gb}
+        doc = {"name": self.name, "memory_gb": self.memory_gb, "gflops": self.gflops, "reserved_gb": self.reserved_gb}
+        if self.probe:
+            doc["probe"] = json.loads(self.probe)
+        return doc
 
 
 @dataclass(frozen=True)
@@ -179,7 +185,11 @@ class Cluster:
                 base.reserved_gb,
             ):
                 kind = "custom"
-            devices.append(Device(dev_name, kind, values["memory_gb"], values["gflops"], values["reserved_gb"]))
+            probe = ""
+            if "probe" in d:
+                probe = canonical_probe(d["probe"], f"{where}.probe")
+                kind = "custom"  # its own measured times, whatever board it is
+            devices.append(Device(dev_name, kind, values["memory_gb"], values["gflops"], values["reserved_gb"], probe))
         extra = {}
         for key in ("bandwidth_mbps", "latency_ms"):
             if key in doc:
@@ -189,6 +199,17 @@ class Cluster:
                 extra[key] = float(v)
         label = doc.get("name", name)
         return cls(tuple(devices), name=str(label), **extra)
+
+
+def canonical_probe(doc: object, where: str = "probe") -> str:
+    """A device's probe (engine.predictor.probe: "model:index" -> [forward_s, backward_s] per sample), checked,
+    as the canonical JSON a Device carries; a UserError names what is wrong."""
+    from engine.predictor.probe import check
+
+    try:
+        return json.dumps({k: list(v) for k, v in check(doc).items()}, sort_keys=True)
+    except ValueError as exc:
+        raise UserError(f"{where}: {exc}") from None
 
 
 def _builtin(label: str, counts: list[tuple[str, int]]) -> Cluster:

@@ -173,7 +173,7 @@ class DeviceDone(Event):
     only inside a host, from the device process to its launcher or agent; `part` says the agent uploaded it."""
 
     TYPE = "device-done"
-    NON_NEGATIVE = ("late_steps", "steps", "overrun_s", "peak_memory_bytes")
+    NON_NEGATIVE = ("late_steps", "steps", "overrun_s", "peak_memory_bytes", "wire_bytes", "payload_bytes")
     UNSAID = ("state_dict",)  # messages that leave the host never carry bytes
 
     device: str
@@ -181,6 +181,8 @@ class DeviceDone(Event):
     steps: int = 0
     overrun_s: float = 0.0  # wall seconds late steps ran past their targets
     peak_memory_bytes: int = 0
+    wire_bytes: int = 0  # activations and gradients it sent to other stages, as they crossed the links
+    payload_bytes: int = 0  # the same tensors uncompressed (float32): wire_bytes / payload_bytes is the saving
     part: bool = False
     part_error: str = ""
     state_dict: bytes = field(default=b"", repr=False)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from engine.devices import Cluster
 from engine.errors import UserError
+
+OFF = 32  # the level of an uncompressed boundary (float32); engine.compression has the codec
+LEVELS = (8, 4, 2)
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,17 @@ class Plan:
     stages: tuple[Stage, ...]
     cluster: Cluster
     predicted: Prediction | None = field(default=None, compare=False)
+    # Bits per value sent across each stage boundary (activations forward, their gradients back): 8, 4 or 2,
+    # or OFF (32: float32, uncompressed). Empty: every boundary uncompressed.
+    compression: tuple[int, ...] = ()
+
+    def level(self, boundary: int) -> int:
+        """The compression level of the boundary after stage `boundary`."""
+        return self.compression[boundary] if 0 <= boundary < len(self.compression) else OFF
+
+    @property
+    def compressed(self) -> bool:
+        return any(b < OFF for b in self.compression)
 
     @property
     def micro_batch_size(self) -> int:
@@ -125,13 +139,25 @@ class Plan:
                 self.cluster.device(s.name)
         if expect != num_layers:
             raise UserError(f"plan: stages cover layers [0, {expect}) but model {self.model!r} has {num_layers}")
+        if self.compression and len(self.compression) != len(self.stages) - 1:
+            raise UserError(
+                f"plan: compression has {len(self.compression)} level(s) but {len(self.stages)} stages have "
+                f"{len(self.stages) - 1} boundaries"
+            )
+        bad = [b for b in self.compression if b not in (OFF, *LEVELS)]
+        if bad:
+            raise UserError(f'plan: compression levels must be "off", 8, 4 or 2, got {bad[0]!r}')
         names = self.device_names
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise UserError(f"plan: device(s) {', '.join(dupes)} appear in more than one place")
 
     def with_prediction(self, predicted: Prediction) -> Plan:
-        return Plan(self.method, self.model, self.batch_size, self.micro_batches, self.stages, self.cluster, predicted)
+        return replace(self, predicted=predicted)
+
+    def with_compression(self, levels: tuple[int, ...]) -> Plan:
+        """This plan with these per-boundary levels (no prediction: re-score it)."""
+        return replace(self, compression=tuple(levels) if any(b < OFF for b in levels) else (), predicted=None)
 
     def to_dict(self) -> dict:
         doc = {
@@ -146,6 +172,8 @@ class Plan:
             ],
             "cluster": self.cluster.to_dict(),
         }
+        if self.compressed:
+            doc["compression"] = ["off" if b >= OFF else b for b in self.compression]
         if self.predicted is not None:
             doc["predicted"] = self.predicted.to_dict()
         return doc
@@ -190,6 +218,17 @@ class Plan:
         if batch_size < 1 or micro_batches < 1:
             raise UserError("plan: batch_size and micro_batches must be positive")
         predicted = Prediction.from_dict(doc["predicted"]) if keep_prediction and "predicted" in doc else None
+        levels = []
+        if not isinstance(doc.get("compression", []), list):
+            raise UserError("plan: field 'compression' must be a list of levels (\"off\", 8, 4 or 2), one per boundary")
+        for k, b in enumerate(doc.get("compression", [])):
+            if b == "off":
+                b = OFF
+            if type(b) is not int or b not in (OFF, *LEVELS):
+                raise UserError(f'plan: compression[{k}] must be "off", 8, 4 or 2, got {b!r}')
+            levels.append(b)
+        compression = tuple(levels) if any(b < OFF for b in levels) else ()
         return cls(
-            str(need("method", str)), need("model", str), batch_size, micro_batches, tuple(stages), cluster, predicted
-        )
+            str(need("method", str)), need("model", str), batch_size, micro_batches, tuple(stages), cluster, predicted,
+            compression,
+        )  # fmt: skip

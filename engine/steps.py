@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from engine.costmodel import Workload, allreduce_s, link_s
 from engine.devices import LAYER_OVERHEAD_S
-from engine.plan import Plan, Stage
+from engine.plan import OFF, Plan, Stage
 
 
 @dataclass(frozen=True)
@@ -66,10 +66,11 @@ def device_steps(plan: Plan, w: Workload) -> dict[str, DeviceSteps]:
     out = {}
     for s, st in enumerate(plan.stages):
         a_in, a_out = w.boundary_bytes(st.start, st.end)
+        b_in, b_out = (plan.level(s - 1) if s else OFF), plan.level(s)
         layers = st.end - st.start
         reduce = allreduce_s(w, cluster, st.start, st.end, len(st.devices))
 
-        def moves(lo: int, hi: int, other: int, nbytes: int) -> tuple[Transfer, ...]:
+        def moves(lo: int, hi: int, other: int, nbytes: float) -> tuple[Transfer, ...]:
             if not 0 <= other < S:
                 return ()
             return tuple(
@@ -79,17 +80,19 @@ def device_steps(plan: Plan, w: Workload) -> dict[str, DeviceSteps]:
 
         for name, lo, hi in ranges[s]:
             dev, n = cluster.device(name), hi - lo
+            # Half of a compressed boundary's codec time falls in the forward (activations), half in the backward.
+            codec = (w.codec_s(dev, a_in / 4, b_in) + w.codec_s(dev, a_out / 4, b_out)) / 2
             out[name] = DeviceSteps(
                 name=name,
                 stage=s,
                 lo=lo,
                 hi=hi,
-                forward_s=layers * LAYER_OVERHEAD_S + n * w.forward(st.start, st.end) / dev.flops_per_s,
-                backward_s=layers * LAYER_OVERHEAD_S + n * w.backward(st.start, st.end) / dev.flops_per_s,
-                send_forward=moves(lo, hi, s + 1, a_out),
-                send_backward=moves(lo, hi, s - 1, a_in),
-                recv_forward=moves(lo, hi, s - 1, a_in),
-                recv_backward=moves(lo, hi, s + 1, a_out),
+                forward_s=layers * LAYER_OVERHEAD_S + n * (w.forward_s(dev, st.start, st.end) + codec),
+                backward_s=layers * LAYER_OVERHEAD_S + n * (w.backward_s(dev, st.start, st.end) + codec),
+                send_forward=moves(lo, hi, s + 1, a_out * b_out / OFF),
+                send_backward=moves(lo, hi, s - 1, a_in * b_in / OFF),
+                recv_forward=moves(lo, hi, s - 1, a_in * b_in / OFF),
+                recv_backward=moves(lo, hi, s + 1, a_out * b_out / OFF),
                 allreduce_s=reduce,
             )
     return out

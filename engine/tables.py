@@ -52,6 +52,9 @@ def plan_table(plan: Plan) -> str:
     out = [head, "", _table(["stage", "layers", "device", "kind", "samples", "memory GiB used / avail"], rows)]
     if idle:
         out.append(f"idle (not worth their communication): {', '.join(idle)}")
+    if plan.compressed:
+        levels = ", ".join(f"{k}->{k + 1} {'off' if b >= 32 else f'{b}-bit'}" for k, b in enumerate(plan.compression))
+        out.append(f"compression between stages: {levels}")
     if p:
         out += [
             "",
@@ -192,6 +195,13 @@ def run_summary(result) -> str:
         lines.append(
             f"emulation    dilation {result.dilation:.1f} (wall seconds per device second), "
             f"{result.late_steps} late of {result.steps} steps, {result.wall_s:.1f} s wall"
+        )
+    if getattr(result, "payload_bytes", 0):
+        wire, raw = result.wire_bytes, result.payload_bytes
+        levels = ", ".join("off" if b >= 32 else f"{b}-bit" for b in plan.compression) if plan.compressed else "off"
+        lines.append(
+            f"links        {wire / 1e6:.1f} MB of activations and gradients sent between stages "
+            f"(compression {levels}; {raw / 1e6:.1f} MB uncompressed, {raw / max(wire, 1):.1f}x fewer bytes)"
         )
     evals = getattr(result, "evals", [])
     if evals:

@@ -2,20 +2,57 @@
 
 from __future__ import annotations
 
+import json
+import os
 import sys
+from dataclasses import replace
 
 from engine.costmodel import Workload
+from engine.devices import Cluster
 from engine.models import get_model
-from engine.profiler import cached_profile
+from engine.profiler import cached_profile, default_cache_dir, host_id
 
 # Per-sample costs are measured at this micro-batch size (small enough for every model on a 2-core host).
 PROFILE_BATCH = 8
 
 
-def workload(model: str, profile_batch: int = PROFILE_BATCH, refresh: bool = False, optimizer: str = "sgd") -> Workload:
-    """The planning workload of a zoo model; unknown names raise UserError listing the models."""
+def workload(
+    model: str,
+    profile_batch: int = PROFILE_BATCH,
+    refresh: bool = False,
+    optimizer: str = "sgd",
+    cluster: Cluster | None = None,
+) -> Workload:
+    """The planning workload of a zoo model; unknown names raise UserError listing the models. With a `cluster`,
+    its devices that carry a probe (no known kind) get the latency predictor's per-layer times."""
     spec = get_model(model)
     profile = cached_profile(
         spec, micro_batch=profile_batch, refresh=refresh, progress=sys.stderr.isatty(), optimizer=optimizer
     )
-    return Workload.from_profile(profile)
+    rate = profile.total_flops / profile.total_host_s if profile.total_host_s > 0 else 1.0
+    codec = tuple((bits, seconds * rate) for bits, seconds in sorted(codec_seconds().items()))
+    w = replace(Workload.from_profile(profile), codec_work=codec)
+    probed = [d for d in (cluster.devices if cluster is not None else ()) if d.probe]
+    if probed:
+        from engine.predictor.adapt import predicted_times
+
+        w = w.with_device_times({d.name: predicted_times(model, json.loads(d.probe), profile_batch) for d in probed})
+    return w
+
+
+def codec_seconds() -> dict[int, float]:
+    """Host seconds per value to encode and decode at each compression level (engine.compression), measured
+    once per host and cached beside the profiles."""
+    from engine.compression import measure_codec
+
+    path = default_cache_dir() / f"codec-{host_id()}.json"
+    try:
+        return {int(k): float(v) for k, v in json.loads(path.read_text()).items()}
+    except (OSError, ValueError, TypeError, AttributeError):
+        pass  # missing or corrupt: measure again
+    measured = measure_codec(repeats=9)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(measured))
+    os.replace(tmp, path)
+    return measured

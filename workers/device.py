@@ -109,7 +109,7 @@ class Runner:
         if not 0 <= rank < len(plan.device_names):
             raise UserError(f"rank {rank} is not in the plan, which has {len(plan.device_names)} devices")
         options = RunOptions.from_dict(msg.get("options") or {})
-        w = self._workload(plan.model) if self._workload else _profiled(plan.model)
+        w = self._workload(plan.model) if self._workload else _profiled(plan.model, plan.cluster)
         plan.validate(w.num_layers)
         name = plan.device_names[rank]
         if self.device and name != self.device:  # the plan's name is what its peers and events use; go along
@@ -268,7 +268,7 @@ class _Seen:
         self.iteration, self.error, self.done = -1, False, False
 
 
-def _profiled(model: str):
+def _profiled(model: str, cluster):
     from engine.workloads import workload
 
-    return workload(model)
+    return workload(model, cluster=cluster)  # a probed device's predicted times, as the site planned with

@@ -22,15 +22,21 @@ class Capacity:
     memory_bytes: int
     gflops: float  # effective: the emulated kind's peak, else what the host measured
     host_gflops: float
+    # A board of no known kind: its latency-predictor probe (engine.predictor.probe), so the site can plan with
+    # per-layer predictions for it instead of one GFLOPS figure. None for known kinds and emulated ones.
+    probe: dict | None = None
 
     def to_dict(self) -> dict:
-        return {
+        doc = {
             "kind": self.kind,
             "emulated": self.emulated,
             "memory_bytes": self.memory_bytes,
             "gflops": self.gflops,
             "host_gflops": self.host_gflops,
         }
+        if self.probe is not None:
+            doc["probe"] = {k: list(v) for k, v in self.probe.items()}
+        return doc
 
 
 def measure(emulate: str | None = None) -> Capacity:
@@ -39,7 +45,13 @@ def measure(emulate: str | None = None) -> Capacity:
     if emulate:
         kind = get_kind(emulate)
         return Capacity(kind.key, True, int(kind.memory_gb * GIB), kind.gflops, host)
-    return Capacity(board_kind(), False, memory_bytes(), host, host)
+    kind = board_kind()
+    probe = None
+    if kind == CUSTOM:  # no known kind: a few layers timed here (seconds) let the predictor fill in every other
+        from engine.predictor.probe import run_probe
+
+        probe = run_probe()
+    return Capacity(kind, False, memory_bytes(), host, host, probe)
 
 
 def matmul_gflops(n: int = 512, seconds: float = BENCH_S) -> float:

@@ -16,7 +16,8 @@ from engine.errors import UserError
 
 def run(args: argparse.Namespace) -> str:
     """The markdown report of the benchmark `args.name`, from the `python -m engine bench` arguments."""
-    return {"planner": run_planner, "reproduce": run_reproduce, "recovery": run_recovery}[args.name](args)
+    benches = {"planner": run_planner, "reproduce": run_reproduce, "recovery": run_recovery}
+    return {**benches, "compression": run_compression}[args.name](args)
 
 
 def run_planner(args: argparse.Namespace) -> str:
@@ -115,6 +116,38 @@ def run_recovery(args: argparse.Namespace) -> str:
         for path in recovery.figure(results, Path(args.figure)):
             print(f"figure written to {path}", file=sys.stderr)
     return recovery.report(results, command)
+
+
+def run_compression(args: argparse.Namespace) -> str:
+    """Check the compression arguments, train every cell and level (quick: mobilenetv2 on C at 100 Mbps)."""
+    from engine.bench import compression
+    from engine.devices import CLUSTERS
+
+    clusters = "C" if args.clusters == "ABCD" else args.clusters.upper()
+    if not clusters or any(c not in CLUSTERS for c in clusters):
+        raise UserError(f"--clusters takes letters of {''.join(CLUSTERS)}, got {args.clusters!r}")
+    models = tuple(m.strip() for m in (args.models or ",".join(compression.MODELS)).split(",") if m.strip())
+    unknown = [m for m in models if m not in compression.MODELS]
+    if unknown or not models:
+        raise UserError(f"--models takes some of {', '.join(compression.MODELS)} here, got {args.models!r}")
+    bandwidths = _bandwidths(args.bandwidths)
+    levels = compression.LEVELS
+    if args.quick:
+        models = ("mobilenetv2",) if not args.models else models
+        bandwidths = (100.0,) if args.bandwidths == "1000,100" else bandwidths
+        levels = ("off", "4")
+    command = "python -m engine " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["bench"] else "bench compression"
+    if args.from_record:
+        runs = compression.load_runs([Path(p) for p in args.from_record.split(",")])
+    else:
+        runs = compression.compression_bench(
+            models, clusters, bandwidths, levels, args.iterations, compression.BATCH,
+            record=Path(args.record) if args.record else None,
+        )  # fmt: skip
+    if args.figure:
+        for path in compression.figure(runs, Path(args.figure)):
+            print(f"figure written to {path}", file=sys.stderr)
+    return compression.report(runs, command)
 
 
 def _bandwidths(text: str) -> tuple[float, ...]:

@@ -29,8 +29,8 @@ import itertools
 import math
 from bisect import bisect_left, bisect_right
 
-from engine.costmodel import allocate, allreduce_s, stage_fixed_s, stage_terms
-from engine.plan import Plan, Share, Stage
+from engine.costmodel import allocate, allreduce_s, boundary_s, stage_fixed_s, stage_terms
+from engine.plan import OFF, Plan, Share, Stage
 from engine.planners import baselines
 from engine.planners.common import NoFeasiblePlan, Problem, device_classes, finish
 from engine.progress import Progress
@@ -53,8 +53,10 @@ class _Search:
         self.cluster = problem.cluster
         self.M = micro_batches
         self.m = problem.batch_size // micro_batches
-        self.classes = device_classes(problem.cluster)
-        self.speed = [c[0].flops_per_s for c in self.classes]
+        self.classes = device_classes(problem.cluster, self.w)
+        # Rates no device of a class beats on any layer range: every bound below divides work by them.
+        self.speed = [self.w.speed_bound(c[0]) for c in self.classes]
+        self.levels = (problem.compression, problem.compression)
         self.L = self.w.num_layers
         self.Wp = self.w.work_prefix
         self.costs: dict = {}
@@ -81,7 +83,7 @@ class _Search:
     def terms(self, k: int, i: int, j: int, in_flight: int):
         key = (k, i, j, in_flight)
         if key not in self.terms_cache:
-            self.terms_cache[key] = stage_terms(self.w, self.cluster, self.classes[k][0], i, j, in_flight)
+            self.terms_cache[key] = stage_terms(self.w, self.cluster, self.classes[k][0], i, j, in_flight, self.levels)
         return self.terms_cache[key]
 
     def stage_cost(self, i: int, j: int, g: tuple[int, ...], in_flight: int) -> tuple[float, float] | None:
@@ -117,11 +119,14 @@ class _Search:
         fractional water level and that plus one sample of the slowest class; the same products as
         `costmodel.allocate`'s, so the times agree exactly.
         """
-        w, m = self.w, self.m
-        a_in, a_out = w.boundary_bytes(i, j)
-        fixed = stage_fixed_s(self.cluster, j - i, (i > 0) + (j < self.L))
-        work, comm = w.work(i, j), (a_in + a_out) / self.cluster.bytes_per_s
-        per = [(k, g[k], max(work / self.speed[k] + comm, 1e-15)) for k in range(len(g)) if g[k]]
+        w, m, cluster = self.w, self.m, self.cluster
+        fixed = stage_fixed_s(cluster, j - i, (i > 0) + (j < self.L))
+        per = []
+        for k in range(len(g)):
+            if g[k]:
+                dev = self.classes[k][0]
+                per_sample = w.compute_s(dev, i, j) + boundary_s(w, cluster, dev, i, j, self.levels)
+                per.append((k, g[k], max(per_sample, 1e-15)))  # what stage_terms gives `allocate`
         lowest = max(m / sum(n / c for _k, n, c in per), max(c for _k, _n, c in per))
         best = math.inf
         for _k, _n, c in per:
@@ -155,7 +160,7 @@ class _Search:
         bound = M * cap * SLACK
         limit = cap * SLACK
         memo: dict = {}
-        bw = self.cluster.bytes_per_s
+        bw = self.cluster.bytes_per_s * OFF / self.levels[0]  # compressed bytes; their codec time is left out
         out = self.w.output_bytes
         a_in = [out[i - 1] / bw if i else 0.0 for i in range(L + 1)]  # comm per sample entering at layer i
         a_out = [out[j - 1] / bw if j < L else 0.0 for j in range(L + 1)]  # ... and leaving after layer j
@@ -241,9 +246,9 @@ def _prefix_runs(r: tuple[int, ...]):
             yield tuple(g)
 
 
-def search_size(cluster) -> int:
+def search_size(cluster, w=None) -> int:
     """Number of (remaining devices, stage group) pairs the exact search visits per layer pair."""
-    return math.prod((n + 1) * (n + 2) // 2 for n in map(len, device_classes(cluster)))
+    return math.prod((n + 1) * (n + 2) // 2 for n in map(len, device_classes(cluster, w)))
 
 
 def _pareto(entries: list, M: int) -> list:
@@ -281,7 +286,7 @@ def _to_stages(search: _Search, layout: list) -> list[Stage]:
 
 def plan(problem: Problem, progress: bool = False) -> Plan:
     """The fastest plan under the cost model that fits every device's memory (`progress`: a bar per round)."""
-    exact = search_size(problem.cluster) <= EXACT_LIMIT
+    exact = search_size(problem.cluster, problem.workload) <= EXACT_LIMIT
     # Most micro-batches first: they usually win, and a plan found early tightens the bound for the rest.
     searches = [_Search(problem, M, exact) for M in reversed(problem.micro_batch_options)]
     # A round searches every M for plans with T <= bound; the best plan of the first round that finds

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from engine.costmodel import Workload, score
 from engine.devices import Cluster, Device
 from engine.errors import UserError
-from engine.plan import Plan, Stage
+from engine.plan import LEVELS, OFF, Plan, Stage
 
 # More micro-batches shrink the bubble but cost per-layer overhead; 64 covers every useful split here.
 MAX_MICRO_BATCHES = 64
@@ -26,10 +26,13 @@ class Problem:
     cluster: Cluster
     batch_size: int
     max_micro_batches: int = MAX_MICRO_BATCHES
+    compression: int = OFF  # bits per value on every stage boundary (engine.planners.levels picks per boundary)
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
             raise UserError(f"batch size must be a positive integer, got {self.batch_size}")
+        if self.compression not in (OFF, *LEVELS):
+            raise UserError(f"compression level must be 8, 4, 2 or off, got {self.compression!r}")
 
     @property
     def micro_batch_options(self) -> list[int]:
@@ -37,11 +40,12 @@ class Problem:
         return [m for m in range(1, min(self.batch_size, self.max_micro_batches) + 1) if self.batch_size % m == 0]
 
 
-def device_classes(cluster: Cluster) -> list[list[Device]]:
-    """Interchangeable devices grouped together; classes by memory, then speed, largest first (Asteroid's order)."""
+def device_classes(cluster: Cluster, w: Workload | None = None) -> list[list[Device]]:
+    """Interchangeable devices grouped together; classes by memory, then speed, largest first (Asteroid's order).
+    With a workload, devices whose per-layer times it holds are interchangeable only with equal times."""
     groups: dict[tuple, list[Device]] = {}
     for d in cluster.devices:
-        groups.setdefault(d.spec, []).append(d)
+        groups.setdefault((d.spec, w.table_key(d) if w is not None else None), []).append(d)
     ordered = sorted(groups.values(), key=lambda ds: (-ds[0].memory_bytes, -ds[0].flops_per_s, ds[0].name))
     return [sorted(ds, key=lambda d: d.name) for ds in ordered]
 
@@ -54,6 +58,7 @@ def memory_order(cluster: Cluster) -> list[Device]:
 def finish(problem: Problem, method: str, micro_batches: int, stages: list[Stage]) -> Plan:
     """A plan with its prediction from the cost model."""
     plan = Plan(method, problem.workload.model, problem.batch_size, micro_batches, tuple(stages), problem.cluster)
+    plan = plan.with_compression((problem.compression,) * (len(stages) - 1))
     return plan.with_prediction(score(plan, problem.workload))
 
 

@@ -32,7 +32,7 @@ def _group_sequences(counts: tuple[int, ...], S: int):
 
 def plan(problem: Problem) -> Plan:
     w, cluster = problem.workload, problem.cluster
-    classes = device_classes(cluster)
+    classes = device_classes(cluster, w)
     counts = tuple(len(c) for c in classes)
     L = w.num_layers
     plans, tried = [], 0

@@ -39,8 +39,9 @@ from engine.events import (
     Replay,
 )
 from engine.models import get_model
-from engine.plan import Plan
-from engine.planners import COMPARED, NoFeasiblePlan, Problem, make_plan
+from engine.plan import OFF, Plan
+from engine.planners import COMPARED, NoFeasiblePlan, Problem
+from engine.planners.levels import plan_compressed
 from engine.runtime import layerstate
 from engine.runtime.control import Generation, gen_key, get_bytes, has_bytes, key, put_bytes
 from engine.runtime.emulation import group_timeout
@@ -216,10 +217,21 @@ class Coordinator:
             d = self.true_cluster.device(n)
             factor = self.speed.get(n, 1.0) if slowed else 1.0
             if factor != 1.0:
-                d = Device(d.name, "custom", d.memory_gb, d.gflops / factor, d.reserved_gb)
+                d = Device(d.name, "custom", d.memory_gb, d.gflops / factor, d.reserved_gb, d.probe)
             devices.append(d)
         c = self.true_cluster
         return Cluster(tuple(devices), c.bandwidth_mbps, c.latency_ms, c.name)
+
+    def _planning_workload(self) -> Workload:
+        """The workload to re-plan with: a device whose per-layer times are known (measured or predicted from its
+        probe) has them scaled by its measured slow-down, the correction its step times taught (gflops does it
+        for the others, in `_cluster`)."""
+        tables = {
+            name: tuple(tuple(t * self.speed[name] for t in times) for times in self.w.device_times[name])
+            for name in self.speed
+            if name in self.w.device_times and self.speed[name] != 1.0
+        }
+        return self.w.with_device_times(tables) if tables else self.w
 
     # -- the run ------------------------------------------------------------------------------------------
 
@@ -507,7 +519,11 @@ class Coordinator:
         cluster = self._cluster(names)
         try:
             method = self.plan.method if self.plan.method in COMPARED else "asteroid"  # hand-made or exhaustive
-            plan = make_plan(method, Problem(self.w, cluster, self.plan.batch_size))
+            # the run's compression: its first plan's levels (one level for all: that level; mixed: auto among them)
+            levels = tuple(sorted({b for b in self.plan.compression if b < OFF}, reverse=True))
+            auto = len(set(self.plan.compression)) > 1
+            problem = Problem(self._planning_workload(), cluster, self.plan.batch_size)
+            plan = plan_compressed(method, problem, levels, auto)
         except NoFeasiblePlan:
             plan = None
         if plan is None or not plan.predicted.fits:

@@ -76,6 +76,16 @@ class RunResult:
     def steps(self) -> int:
         return sum(d["steps"] for d in self.devices.values())
 
+    @property
+    def wire_bytes(self) -> int:
+        """Bytes of activations and gradients that crossed the links between stages (compressed or not)."""
+        return sum(d.get("wire_bytes", 0) for d in self.devices.values())
+
+    @property
+    def payload_bytes(self) -> int:
+        """The same tensors' float32 bytes: what the links would have carried uncompressed."""
+        return sum(d.get("payload_bytes", 0) for d in self.devices.values())
+
     def to_dict(self) -> dict:
         return {
             "method": self.plan.method,
@@ -92,6 +102,8 @@ class RunResult:
             },
             "late_steps": self.late_steps,
             "steps": self.steps,
+            "wire_bytes": self.wire_bytes,
+            "payload_bytes": self.payload_bytes,
             "dilation": self.dilation,
             "wall_s": self.wall_s,
             "devices": self.devices,

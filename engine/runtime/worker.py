@@ -34,7 +34,9 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch.nn.modules.batchnorm import _BatchNorm
 
+from engine.compression import decode, encode, wire_bytes
 from engine.costmodel import link_s, ring_allreduce_s
 from engine.data import get_dataset
 from engine.errors import UserError
@@ -42,7 +44,7 @@ from engine.events import DeviceDone, DeviceStart, Eval, Iteration, Restore, Ste
 from engine.metrics import measured_throughput
 from engine.models import get_model
 from engine.models.randomness import sample_draws
-from engine.plan import Plan
+from engine.plan import OFF, Plan
 from engine.runtime import layerstate
 from engine.runtime.batches import batch_indices, eval_batches, load
 from engine.runtime.control import Generation, Heartbeat, gen_key, get_bytes, key, put_bytes
@@ -169,6 +171,8 @@ class _Device:
         self.abandoned: list = []  # process groups of ended generations: never reused, never destroyed
         self.memory: MemoryMeter | None = None
         self.waiter: _Waiter | None = None
+        self.sent_bytes = self.sent_payload_bytes = 0  # what this device sent to other stages, and its float32 size
+        self.codec_rng = torch.Generator()  # gradients' stochastic rounding (seeded per message in `send`)
 
     # -- waiting, with the coordinator's abort in mind ---------------------------------------------------
 
@@ -359,6 +363,9 @@ class _Device:
         self.first, self.last = self.stage == 0, self.stage == self.num_stages - 1
         x_in, x_out = boundary_examples(self.spec, self.layers, self.stage_plan.start, self.stage_plan.end)
         self.shape_in, self.shape_out = tuple(x_in.shape[1:]), tuple(x_out.shape[1:])
+        # Bits per value on the boundary before and after this stage (only float tensors are compressed).
+        self.bits_in = plan.level(self.stage - 1) if self.stage and x_in.is_floating_point() else OFF
+        self.bits_out = plan.level(self.stage) if x_out.is_floating_point() else OFF
         self.module = torch.nn.Sequential(*self.layers[self.stage_plan.start : self.stage_plan.end])
         self.module.train()
         device = plan.cluster.device(self.name)
@@ -474,10 +481,14 @@ class _Device:
                 ("B", self.st.recv_backward if backward else (), self.shape_out),
             ):
                 got = []
+                bits = self.bits_in if kind == "F" else self.bits_out
                 for t in moves:
                     peer = self.ranks[t.peer]
                     header = torch.zeros(1, dtype=torch.float64)
-                    payload = torch.empty((t.hi - t.lo, *shape))
+                    if bits < OFF:  # the encoded bytes of the slice (engine.compression)
+                        payload = torch.empty(wire_bytes((t.hi - t.lo, *shape), bits), dtype=torch.uint8)
+                    else:
+                        payload = torch.empty((t.hi - t.lo, *shape))
                     what = f"receiving from {t.peer}"
                     works = [
                         self._post(self.train.recv, what, [header], peer, base + self._tag(mb, kind, 0)),
@@ -501,13 +512,24 @@ class _Device:
         end = self.clock.wait_until(arrival)
         if end - start > 1e-4:
             self._event("recv", mb, start, end)
-        return torch.cat([payload for _, _, payload, _ in got]) if len(got) > 1 else got[0][2]
+        bits, shape = (self.bits_in, self.shape_in) if kind == "F" else (self.bits_out, self.shape_out)
+        parts = [p if bits >= OFF else decode(p, (t.hi - t.lo, *shape), bits) for t, _, p, _ in got]
+        return torch.cat(parts) if len(parts) > 1 else parts[0]
 
     def send(self, tensor: torch.Tensor, moves, kind: str, mb: int, outbox: list, base: int = 0) -> None:
         """Send each peer its slice; the device is busy for the emulated transfer time of each."""
+        # activations go to the next stage over the boundary after this one, gradients back over the one before
+        bits = self.bits_out if kind == "F" else self.bits_in
         for t in moves:
             start = now()
             payload = tensor[t.lo - self.st.lo : t.hi - self.st.lo].detach().contiguous()
+            self.sent_payload_bytes += payload.numel() * payload.element_size()
+            if bits < OFF:  # gradients are rounded stochastically: unbiased, so SGD still follows the true mean
+                # drawn from (seed, iteration, micro-batch, slice) alone: a run repeats exactly, whatever ran before
+                draw = ((self.opts.seed * 1_000_003 + self.iteration) * 1_009 + mb) * 65_537 + t.lo
+                self.codec_rng.manual_seed(draw % (1 << 63))
+                payload = encode(payload, bits, stochastic=kind == "B", generator=self.codec_rng)
+            self.sent_bytes += payload.numel() * payload.element_size()
             # the link carries the real payload: latency + bytes / bandwidth, in device seconds
             seconds = link_s(self.cluster, payload.numel() * payload.element_size())
             arrival = start + self.clock.wall(seconds) if self.clock.emulated else 0.0
@@ -631,37 +653,34 @@ class _Device:
     def _evaluate(self, k: int) -> None:
         """Score the model after iteration k on the first held-out samples: batch by batch, forward only through
         the pipeline in eval mode (no dropout, batch-norm running statistics), each last-stage device on its
-        slice; the totals are agreed like an iteration's. Its device time is left out of the next iteration."""
+        slice; the totals are agreed like an iteration's. Its device time is left out of the next iteration.
+
+        Batch norm's running statistics trail a model whose weights move fast (early in training they describe
+        weights long gone), so they are first recomputed on iteration k's training batch ("precise BN"): the
+        same forward-only pass, batch norm averaging over it, no dropout. Training does not use them."""
         if self.test is None:
             opts = self.opts
             self.test = get_dataset(opts.dataset, self.spec, opts.data_dir, opts.dataset_size, opts.seed, train=False)
-        plan, st, m = self.plan, self.st, self.plan.micro_batch_size
+        plan = self.plan
         begin = now()
         totals = torch.zeros(3, dtype=torch.float64)  # loss (per sample, summed), right answers, samples
-        self.module.eval()
+
+        def score(out: torch.Tensor, y: torch.Tensor) -> None:
+            totals[0] += float(self.spec.loss(out, y)) * len(y)
+            if self.spec.task != "language-modeling":
+                totals[1] += int((out.argmax(-1) == y).sum())
+            totals[2] += len(y)
+
         self.quiet = True
         try:
-            with torch.no_grad():
-                for b in range(eval_batches(len(self.test), plan.batch_size, self.opts.eval_samples)):
-                    indices = torch.arange(b * plan.batch_size, (b + 1) * plan.batch_size)
-                    pending = self.post_receives(backward=False, base=EVAL_TAG)
-                    outbox: list = []
-                    for mb in range(plan.micro_batches):
-                        mine = indices[mb * m + st.lo : mb * m + st.hi]
-                        x = load(self.test, mine)[0] if self.first else self.receive(pending, "F", mb)
-                        start = now()
-                        out = self.module(x)
-                        if self.last:
-                            y = load(self.test, mine)[1]
-                            totals[0] += float(self.spec.loss(out, y)) * len(mine)
-                            if self.spec.task != "language-modeling":
-                                totals[1] += int((out.argmax(-1) == y).sum())
-                            totals[2] += len(mine)
-                        self.clock.pad(start, self._compute_s(st.forward_s, k))
-                        if not self.last:
-                            self.send(out, st.send_forward, "F", mb, outbox, base=EVAL_TAG)
-                    for peer, _, work in outbox:
-                        self._wait(work, f"delivery to {peer}")
+            if any(isinstance(m, _BatchNorm) for layer in self.layers for m in layer.modules()):
+                self._recompute_batch_norm(k)
+            self.module.eval()
+            batches = eval_batches(len(self.test), plan.batch_size, self.opts.eval_samples)
+            self._forward_only(
+                self.test, [torch.arange(b * plan.batch_size, (b + 1) * plan.batch_size) for b in range(batches)], k,
+                score,
+            )  # fmt: skip
         finally:
             self.quiet = False
             self.module.train()
@@ -685,6 +704,43 @@ class _Device:
                     generation=self.gen.number,
                 ).to_message()
             )
+
+    def _recompute_batch_norm(self, k: int) -> None:
+        """Batch norm's running statistics of this stage, recomputed as the average over iteration k's batch."""
+        norms = [m for m in self.module.modules() if isinstance(m, _BatchNorm)]
+        momenta = [m.momentum for m in norms]
+        self.module.eval()  # no dropout
+        for m in norms:
+            m.reset_running_stats()
+            m.momentum = None  # a cumulative average over the micro-batches of the pass
+            m.train()
+        try:
+            indices = batch_indices(len(self.data), self.plan.batch_size, self.opts.seed, k)
+            self._forward_only(self.data, [indices], k)
+        finally:
+            for m, momentum in zip(norms, momenta):
+                m.momentum = momentum
+
+    def _forward_only(self, data, batches: list[torch.Tensor], k: int, score=None) -> None:
+        """Run whole batches (sample indices of `data`) forward through the pipeline without gradients, each
+        device on its slices; the last stage hands each output and its labels to `score`."""
+        plan, st, m = self.plan, self.st, self.plan.micro_batch_size
+        with torch.no_grad():
+            for indices in batches:
+                pending = self.post_receives(backward=False, base=EVAL_TAG)
+                outbox: list = []
+                for mb in range(plan.micro_batches):
+                    mine = indices[mb * m + st.lo : mb * m + st.hi]
+                    x = load(data, mine)[0] if self.first else self.receive(pending, "F", mb)
+                    start = now()
+                    out = self.module(x)
+                    if self.last and score is not None:
+                        score(out, load(data, mine)[1])
+                    self.clock.pad(start, self._compute_s(st.forward_s, k))
+                    if not self.last:
+                        self.send(out, st.send_forward, "F", mb, outbox, base=EVAL_TAG)
+                for peer, _, work in outbox:
+                    self._wait(work, f"delivery to {peer}")
 
     def _reduce_gradients(self, k: int) -> None:
         if self.stage_group is None or not self.params:
@@ -790,7 +846,14 @@ class _Device:
         clock = self.clock
         self.emit(
             DeviceDone(
-                self.name, clock.late, clock.steps, clock.overrun_s, self.memory.peak, state_dict=part
+                self.name,
+                clock.late,
+                clock.steps,
+                clock.overrun_s,
+                self.memory.peak,
+                state_dict=part,
+                wire_bytes=self.sent_bytes,
+                payload_bytes=self.sent_payload_bytes,
             ).to_message()
         )
         try:

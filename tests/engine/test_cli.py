@@ -192,3 +192,28 @@ def test_module_entry_point_runs(profile_cache):
     assert proc.stderr.strip() == "error: unknown model 'nope'; known models: " + ", ".join(
         __import__("engine.models", fromlist=["model_names"]).model_names()
     )
+
+
+def test_plan_with_compression_records_the_level_per_boundary_and_simulates(capsys, tmp_path):
+    off = plan_json(capsys, "--bandwidth-mbps", "100")
+    auto = plan_json(capsys, "--bandwidth-mbps", "100", "--compression", "auto")
+    assert "compression" not in off
+    assert auto["predicted"]["throughput"] >= off["predicted"]["throughput"] * (1 - 1e-9)
+    if len(auto["stages"]) > 1:
+        assert len(auto["compression"]) == len(auto["stages"]) - 1
+        assert all(b in ("off", 8, 4, 2) for b in auto["compression"])
+    four = plan_json(capsys, "--bandwidth-mbps", "100", "--compression", "4")
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(four))
+    code, out, err = run(capsys, "simulate", "--plan", str(path), "--json")
+    assert code == 0, err
+    assert json.loads(out)["predicted_iteration_s"] == pytest.approx(four["predicted"]["iteration_s"])
+
+
+@pytest.mark.parametrize("bad", ["3", "auto:3", "fast", ""])
+def test_a_bad_compression_level_is_one_line(capsys, bad):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plan", "--model", "mobilenetv2", "--cluster", "C", "--batch-size", "64", "--compression", bad])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "compression" in err

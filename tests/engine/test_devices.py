@@ -152,3 +152,18 @@ def test_cluster_construction_checks():
         Cluster(())
     with pytest.raises(UserError, match="non-empty name"):
         Device("", "custom", 4, 100)
+
+
+def test_a_cluster_file_device_may_carry_its_probe(tmp_path):
+    from engine.predictor.probe import PROBE_KEYS
+
+    probe = {k: [1e-4, 2e-4] for k in PROBE_KEYS}
+    doc = {"devices": [{"name": "orin", "memory_gb": 8, "gflops": 900, "probe": probe}, {"name": "n", "kind": "nano"}]}
+    cluster = Cluster.from_dict(doc)
+    orin = cluster.device("orin")
+    assert orin.kind == "custom" and json.loads(orin.probe) == probe
+    assert Cluster.from_dict(cluster.to_dict()).device("orin") == orin  # round trip
+    assert orin.spec != Device("x", "custom", 8, 900).spec  # a probed device is planned apart
+    bad = {"devices": [{"name": "orin", "memory_gb": 8, "gflops": 900, "probe": {"mobilenetv2:0": [1, -1]}}]}
+    with pytest.raises(UserError, match=r"devices\[0\]\.probe: probe lacks layers"):
+        Cluster.from_dict(bad)

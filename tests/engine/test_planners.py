@@ -13,7 +13,7 @@ from engine.errors import UserError
 from engine.plan import Plan
 from engine.planners import COMPARED, PLANNERS, NoFeasiblePlan, Problem, asteroid, exhaustive, make_plan
 from engine.planners.common import device_classes, memory_order
-from tests.engine.instances import layered_workload, solved_instance, unlimited_memory
+from tests.engine.instances import layered_workload, random_problem, solved_instance, unlimited_memory
 
 SEEDS = range(60)
 BASELINES = ("dp", "gpipe", "pipedream", "ftpipehd")
@@ -219,3 +219,80 @@ def test_exhaustive_refuses_large_instances(monkeypatch):
     w = layered_workload(random.Random(0), 6)
     with pytest.raises(UserError, match="more than 50 plans"):
         make_plan("exhaustive", Problem(w, load_cluster("C"), 8))
+
+
+def _with_tables(problem: Problem, rng: random.Random) -> Problem:
+    """The problem with measured-like per-layer times for some devices: each layer's time is its work over the
+    device's rate times a per-layer factor (as a depthwise conv or a norm runs below a device's average)."""
+    w, tables = problem.workload, {}
+    for d in problem.cluster.devices[: rng.randint(1, len(problem.cluster.devices))]:
+        factors = [rng.uniform(0.5, 2.0) for _ in range(w.num_layers)]
+        fwd = [f / d.flops_per_s * k for f, k in zip(w.forward_flops, factors)]
+        bwd = [b / d.flops_per_s * k for b, k in zip(w.backward_flops, factors)]
+        tables[d.name] = (fwd, bwd)
+    return Problem(w.with_device_times(tables), problem.cluster, problem.batch_size)
+
+
+@pytest.mark.parametrize("level", [32, 8, 2])
+def test_asteroid_matches_the_exhaustive_optimum_with_device_tables_and_compression(level):
+    from dataclasses import replace
+
+    for seed in range(20):
+        rng = random.Random(1000 + seed)
+        base = _with_tables(random_problem(rng), rng)
+        problem = replace(base, compression=level)
+        try:
+            oracle = exhaustive.plan(problem)
+        except NoFeasiblePlan:
+            with pytest.raises(NoFeasiblePlan):
+                asteroid.plan(problem)
+            continue
+        best = asteroid.plan(problem)
+        assert math.isclose(best.predicted.iteration_s, oracle.predicted.iteration_s, rel_tol=1e-6), seed
+        assert best.level(0) == (level if len(best.stages) > 1 else 32)
+
+
+def test_device_tables_change_the_times_and_split_classes():
+    rng = random.Random(7)
+    problem = _with_tables(random_problem(rng, max_devices=5), rng)
+    w, cluster = problem.workload, problem.cluster
+    d = cluster.devices[0]
+    fwd, bwd = w.device_times[d.name]
+    assert w.compute_s(d, 0, w.num_layers) == pytest.approx(sum(fwd) + sum(bwd))
+    assert w.speed_bound(d) * w.compute_s(d, 1, 3) >= w.work(1, 3)  # the planner's bound holds
+    # a device with a table is interchangeable only with devices of equal times
+    classes = device_classes(cluster, w)
+    assert sorted(x.name for c in classes for x in c) == sorted(x.name for x in cluster.devices)
+    for c in classes:
+        assert len({w.table_key(x) for x in c}) == 1
+
+
+def test_compression_shrinks_the_links_and_auto_never_loses():
+    from engine.planners.levels import plan_compressed
+
+    rng = random.Random(3)
+    w = layered_workload(rng, 8, 1.0, 0.1)
+    cluster = load_cluster("C", bandwidth_mbps=100)
+    problem = Problem(w, cluster, 32)
+    off = plan_compressed("asteroid", problem, (), False)
+    four = plan_compressed("asteroid", problem, (4,), False)
+    auto = plan_compressed("asteroid", problem, (8, 4, 2), True)
+    assert not off.compressed
+    assert auto.predicted.iteration_s <= min(off.predicted.iteration_s, four.predicted.iteration_s) * (1 + 1e-9)
+    if len(four.stages) > 1:
+        assert set(four.compression) == {4}
+        # the same shape uncompressed is slower over 100 Mbps links
+        assert score(four.with_compression(()), w).iteration_s > four.predicted.iteration_s
+    doc = json.loads(json.dumps(auto.to_dict()))
+    again = Plan.from_dict(doc)
+    assert again.compression == auto.compression
+    assert score(again, w).iteration_s == pytest.approx(auto.predicted.iteration_s)
+
+
+def test_compression_levels_in_plan_json_are_checked():
+    problem = Problem(layered_workload(random.Random(1), 6), load_cluster("C"), 16)
+    doc = make_plan("gpipe", problem).to_dict()
+    for bad in (["3"] * (len(doc["stages"]) - 1), "4", [4] * len(doc["stages"])):
+        doc["compression"] = bad
+        with pytest.raises(UserError, match="compression"):
+            Plan.from_dict(doc).validate(problem.workload.num_layers)

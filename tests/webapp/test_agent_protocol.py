@@ -247,3 +247,58 @@ def test_a_type_that_is_not_a_string_is_an_error_reply(bob):
     assert [r["type"] for r in replies] == ["error", "error", "error", "ack", "cancel"]
     job.refresh_from_db()
     assert job.status == "failed"  # busy with no job and nothing pending: it runs nothing of this one (cancel)
+
+
+def _probe(scale: float = 1.0) -> dict:
+    from engine.predictor.probe import PROBE_KEYS
+
+    return {k: [1e-4 * scale * (i + 1), 2e-4 * scale * (i + 1)] for i, k in enumerate(PROBE_KEYS)}
+
+
+def test_a_board_of_no_known_kind_enrolls_with_its_probe_and_is_planned_from_it(bob, profile_cache):
+    from dataclasses import replace
+
+    from engine.devices import Cluster
+    from engine.workloads import workload
+
+    device = Device.objects.create(name="orin-0", kind="custom", memory_gb=8, gflops=500)
+    device, credential = Device.enroll(device.issue_enrollment())
+
+    async def run():
+        ws = agent_socket(credential)
+        assert (await ws.connect())[0]
+        hello = {**HELLO, "kind": "custom", "emulated": False, "probe": _probe()}
+        assert (await say(ws, hello))["type"] == "welcome"
+        await ws.disconnect()
+
+    async_to_sync(run)()
+    device.refresh_from_db()
+    engine_device = device.to_engine()
+    assert json.loads(engine_device.probe) == _probe()
+
+    w = workload("mobilenetv2", cluster=Cluster((engine_device,)))
+    fwd, bwd = w.device_times["orin-0"]
+    assert len(fwd) == w.num_layers and all(t > 0 for t in (*fwd, *bwd))
+    slower_device = replace(engine_device, probe=json.dumps(_probe(3.0), sort_keys=True))
+    slower = workload("mobilenetv2", cluster=Cluster((slower_device,)))
+    assert sum(slower.device_times["orin-0"][0]) > 2 * sum(fwd)  # a 3x slower probe: much slower predictions
+
+
+@pytest.mark.parametrize(
+    "probe, needle",
+    [("fast", "probe must be an object"), ({}, "probe lacks layers"), ({"x": [1, 2]}, "probe lacks layers")],
+)
+def test_a_malformed_probe_in_hello_is_refused(probe, needle):
+    device, credential = enrolled()
+
+    async def run():
+        ws = agent_socket(credential)
+        assert (await ws.connect())[0]
+        reply = await say(ws, {**HELLO, "probe": probe})
+        await ws.disconnect()
+        return reply
+
+    reply = async_to_sync(run)()
+    assert reply["type"] == "error" and needle in reply["message"]
+    device.refresh_from_db()
+    assert "probe" not in device.measured

@@ -74,3 +74,17 @@ def test_the_evaluation_interval_is_checked_against_the_iterations_epochs_make(c
     body = {**BODY, "model": "mobilenetv2", "dataset": "digits", "epochs": 1}  # 1438 / 50: 29 iterations
     assert JobForm({**body, "eval_every": 29}).is_valid()
     assert JobForm({**body, "eval_every": 30}).errors["eval_every"] == ["At most the job's 29 iterations (0: never)."]
+
+
+@pytest.mark.parametrize(
+    "given, expected", [({}, "off"), ({"compression": "4"}, "4"), ({"compression": "auto"}, "auto")]
+)
+def test_compression_is_off_unless_asked_for(cluster_c, given, expected):
+    form = JobForm({**BODY, "model": "mobilenetv2", "dataset": "digits", "iterations": 20, **given})
+    assert form.is_valid(), form.errors
+    assert form.cleaned_data["compression"] == expected
+
+
+def test_an_unknown_compression_level_is_a_form_error(cluster_c):
+    form = JobForm({**BODY, "model": "mobilenetv2", "dataset": "digits", "iterations": 20, "compression": "3"})
+    assert list(form.errors) == ["compression"]

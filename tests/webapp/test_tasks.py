@@ -41,3 +41,14 @@ def test_planning_runs_once(bob, cluster_c, profile_cache):
     assert plan_job(job.pk) == "not queued"  # a redelivered task does nothing
     job.refresh_from_db()
     assert job.status == "planned" and job.progress == 1.0 and job.message.startswith("planned: ")
+
+
+def test_a_compressed_job_is_planned_at_its_level(bob, cluster_c, profile_cache):
+    job = Job.objects.create(
+        owner=bob, model="mobilenetv2", batch_size=64, iterations=2, bandwidth_mbps=100, compression="4"
+    )
+    assert plan_job(job.pk) == "planned"
+    job.refresh_from_db()
+    stages = job.plan["stages"]
+    assert job.plan.get("compression", []) == ([4] * (len(stages) - 1) if len(stages) > 1 else [])
+    assert job.to_dict()["compression"] == "4"

@@ -46,6 +46,8 @@ def _hello(device: Device, msg: dict) -> dict:
             device.refresh_from_db(fields=["status", "job"])
         device.session, device.last_seq = msg["session"], 0
     device.measured = {k: msg.get(k) for k in ("kind", "emulated", "memory_bytes", "gflops", "host_gflops")}
+    if msg.get("probe") is not None:  # a board of no known kind: planned with the latency predictor
+        device.measured["probe"] = msg["probe"]
     device.address = msg.get("address") or ""
     device.last_heartbeat = timezone.now()
     if device.status in (Device.Status.OFFLINE, Device.Status.FAILED):

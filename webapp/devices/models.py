@@ -6,7 +6,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models, transaction
 
-from engine.devices import KINDS
+from engine.devices import KINDS, canonical_probe
 from engine.devices import Device as EngineDevice
 from webapp.lib.tokens import new_token, token_hash
 
@@ -131,4 +131,7 @@ class Device(models.Model):
         kind = KINDS.get(self.kind)
         reserved = kind.reserved_gb if kind else 0.0
         same = kind is not None and (self.memory_gb, self.gflops) == (kind.memory_gb, kind.gflops)
-        return EngineDevice(self.name, self.kind if same else CUSTOM, self.memory_gb, self.gflops, reserved)
+        probe = ""
+        if kind is None and (self.measured or {}).get("probe"):  # its agent's probe: per-layer predictions
+            probe = canonical_probe(self.measured["probe"], f"device {self.name}: probe")
+        return EngineDevice(self.name, self.kind if same else CUSTOM, self.memory_gb, self.gflops, reserved, probe)

@@ -58,6 +58,14 @@ def _hello(msg: dict) -> None:
     address = _field(msg, "address", str, optional=True)
     if address is not None and len(address) > 64:
         raise ProtocolError("hello: address is longer than 64 characters")
+    if msg.get("probe") is not None:
+        from engine.devices import canonical_probe
+        from engine.errors import UserError
+
+        try:
+            canonical_probe(msg["probe"], "hello: probe")
+        except UserError as exc:
+            raise ProtocolError(str(exc)) from None
 
 
 def _heartbeat(msg: dict) -> None:

@@ -33,6 +33,18 @@ class JobForm(forms.Form):
         required=False,
         help_text="Score the held-out split every N iterations and after the last; 0: never.",
     )
+    compression = forms.ChoiceField(
+        choices=[
+            ("off", "off (float32)"),
+            ("8", "8 bits"),
+            ("4", "4 bits"),
+            ("2", "2 bits"),
+            ("auto", "auto (per boundary, the fastest predicted)"),
+        ],
+        initial="off",
+        required=False,
+        help_text="Bits per value of the activations and gradients sent between stages.",
+    )
     devices = forms.MultipleChoiceField(
         choices=[], required=False, widget=forms.CheckboxSelectMultiple, help_text="None ticked: every online device."
     )
@@ -48,6 +60,9 @@ class JobForm(forms.Form):
 
     def clean_eval_every(self):
         return self.cleaned_data["eval_every"] or 0  # left empty: never
+
+    def clean_compression(self):
+        return self.cleaned_data["compression"] or "off"  # left out (an API request): off
 
     def clean(self):
         data = super().clean()

@@ -46,6 +46,7 @@ class Job(models.Model):
     lr = models.FloatField(default=0.05)
     bandwidth_mbps = models.FloatField(default=1000.0)
     eval_every = models.PositiveIntegerField(default=0)  # score the held-out split every N iterations (0: never)
+    compression = models.CharField(max_length=16, default="off")  # between stages: off, 8, 4, 2 or auto
     requested_devices = models.JSONField(default=list, blank=True, help_text="Names; empty: every online device.")
     # Where it stands.
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED, db_index=True)
@@ -123,6 +124,7 @@ class Job(models.Model):
             "lr": self.lr,
             "bandwidth_mbps": self.bandwidth_mbps,
             "eval_every": self.eval_every,
+            "compression": self.compression,
             "devices": self.device_names or self.requested_devices,
             "status": self.status,
             "progress": self.progress,

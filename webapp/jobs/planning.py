@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from engine.compression import parse_compression
 from engine.devices import Cluster
 from engine.errors import UserError
 from engine.plan import Plan
-from engine.planners import COMPARED, NoFeasiblePlan, Problem, make_plan
+from engine.planners import COMPARED, NoFeasiblePlan, Problem
 from engine.planners.feasibility import Infeasible, diagnose
+from engine.planners.levels import plan_compressed
 from webapp.devices.models import Device
 
 Progress = Callable[[float, str], None]
@@ -31,21 +33,29 @@ def pick_devices(requested: list[str]) -> list[Device]:
     return [found[n] for n in requested]
 
 
-def plan_all(model: str, batch_size: int, devices: list[Device], bandwidth_mbps: float, progress: Progress) -> dict:
-    """Every compared method's plan (or why it has none) for the devices; Asteroid's must exist and fit.
+def plan_all(
+    model: str,
+    batch_size: int,
+    devices: list[Device],
+    bandwidth_mbps: float,
+    progress: Progress,
+    compression: str = "off",
+) -> dict:
+    """Every compared method's plan (or why it has none) for the devices at the `compression` levels (the CLI's
+    `--compression`); Asteroid's must exist and fit.
     Returns {"plan": ..., "comparison": {method: plan or {"error"}}, "simulation": [step, ...]}."""
     from engine.simulator import simulate
     from engine.workloads import workload
 
     cluster = Cluster(tuple(d.to_engine() for d in devices), bandwidth_mbps=bandwidth_mbps, name="registered")
     progress(0.0, f"profiling {model} (cached after the first job)")
-    w = workload(model)
+    w = workload(model, cluster=cluster)
     problem = Problem(w, cluster, batch_size)
     comparison: dict[str, Plan | str] = {}  # each method's plan, or why it has none
     for k, method in enumerate(COMPARED):
         progress(k / len(COMPARED), f"planning with {method}")
         try:
-            plan = make_plan(method, problem)
+            plan = plan_compressed(method, problem, *parse_compression(compression))
             comparison[method] = plan if plan.predicted.fits else "does not fit in memory"
         except NoFeasiblePlan as exc:
             comparison[method] = str(exc).splitlines()[0]
