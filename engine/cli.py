@@ -184,10 +184,11 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="run a benchmark and print its tables")
     b.add_argument(
         "name",
-        choices=["planner", "reproduce", "recovery", "compression"],
+        choices=["planner", "reproduce", "recovery", "compression", "predictor"],
         help="planner: planning time and predicted throughput; reproduce: train every method on clusters A-D; "
         "recovery: recovery from killed devices against a checkpoint-restart baseline; compression: training at "
-        "each compression level between stages against none",
+        "each compression level between stages against none; predictor: latency prediction for an unseen device, leave "
+        "one measured configuration out",
     )
     b.add_argument("--quick", action="store_true", help="a small grid, for a fast look")
     b.add_argument("--timeout", type=_positive_float, default=60.0, help="planner: seconds allowed per cell")
@@ -231,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b.add_argument(
         "--figure",
-        help="reproduce, recovery, compression: write the Plotly figure to this path (.html, and .png if possible)",
+        help="reproduce, recovery, compression, predictor: write the Plotly figure to this path (.html, and .png if possible)",
     )
     b.add_argument(
         "--record", help="reproduce, compression: keep every run as JSON in this file (rewritten after each run)"

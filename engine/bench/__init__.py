@@ -1,5 +1,5 @@
-"""Benchmarks, kept apart from the library: `python -m engine bench planner|reproduce|recovery` (arguments in
-engine/cli.py).
+"""Benchmarks, kept apart from the library: `python -m engine bench planner|reproduce|recovery|compression|predictor`
+(arguments in engine/cli.py).
 
 planner.py: planning time and every method's predicted throughput; reproduce.py: every method trained on emulated
 clusters A-D, and its summaries as plain data; render.py: those summaries as markdown and a Plotly figure.
@@ -17,7 +17,7 @@ from engine.errors import UserError
 def run(args: argparse.Namespace) -> str:
     """The markdown report of the benchmark `args.name`, from the `python -m engine bench` arguments."""
     benches = {"planner": run_planner, "reproduce": run_reproduce, "recovery": run_recovery}
-    return {**benches, "compression": run_compression}[args.name](args)
+    return {**benches, "compression": run_compression, "predictor": run_predictor}[args.name](args)
 
 
 def run_planner(args: argparse.Namespace) -> str:
@@ -159,3 +159,20 @@ def _bandwidths(text: str) -> tuple[float, ...]:
     if any(not b > 0 for b in bandwidths):
         raise UserError("--bandwidths must be positive")
     return bandwidths
+
+
+def run_predictor(args: argparse.Namespace) -> str:
+    """Leave each measured configuration out in turn (quick: two of them, no plans) and report the errors."""
+    from engine.bench import predictor
+    from engine.predictor.measure import MEASUREMENTS, load
+
+    doc = load(MEASUREMENTS)
+    configs = sorted(doc["configs"])
+    if args.quick:
+        configs = configs[:2]
+    command = "python -m engine " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["bench"] else "bench predictor"
+    results = predictor.predictor_bench(doc, configs, plans=not args.quick, progress=sys.stderr.isatty())
+    if args.figure:
+        for path in predictor.figure(results, Path(args.figure)):
+            print(f"figure written to {path}", file=sys.stderr)
+    return predictor.report(results, doc, command)
