@@ -232,7 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b.add_argument(
         "--figure",
-        help="reproduce, recovery, compression, predictor: write the Plotly figure to this path (.html, and .png if possible)",
+        help="reproduce, recovery, compression, predictor: write the Plotly figure to this path (.html, and .png if "
+        "possible)",
     )
     b.add_argument(
         "--record", help="reproduce, compression: keep every run as JSON in this file (rewritten after each run)"

@@ -4,8 +4,9 @@ For each measured configuration in turn, the predictor is fitted on the others a
 by its probe. Methods: flops (FLOPs / the probe's FLOP rate), scaled (a reference configuration's measured times
 times one factor from the probe: how the engine scales a known kind today), predictor (no adaptation), adapted
 (its correction fitted on the probe), continual (then updated with the measured step time of one stage of the
-model being trained). And the floor under all of them: the same configuration measured twice ("re-measured"). Plans: the Asteroid planner on two held-out devices and two reference ones, from each
-method's tables, scored with the held-out device's true times.
+model being trained). And the floor under all of them: the same configuration measured twice ("re-measured").
+Plans: the Asteroid planner on two held-out devices and two reference ones, from each method's tables, scored
+with the held-out device's true times.
 """
 
 from __future__ import annotations
@@ -171,9 +172,8 @@ def report(results: dict[str, dict[str, Scores]], doc: dict, command: str) -> st
         plan = [e for r in results.values() for e in r[m].plan]
         median = f"{100 * np.median(plan):.1f} %" if plan else "-"
         worst = f"{100 * min(plan):.1f} %" if plan else "-"
-        lines.append(
-            f"| {m} | {_pct(layer, 50)} | {_pct(layer, 90)} | {_pct(stage, 50)} | {_pct(stage, 90)} | {median} | {worst} |"
-        )
+        errors = f"{_pct(layer, 50)} | {_pct(layer, 90)} | {_pct(stage, 50)} | {_pct(stage, 90)}"
+        lines.append(f"| {m} | {errors} | {median} | {worst} |")
     lines += ["", "| held out | " + " | ".join(f"{m} median layer / stage" for m in METHODS) + " |"]
     lines.append("|---" * (len(METHODS) + 1) + "|")
     for c, r in results.items():

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 import torch
@@ -39,7 +39,7 @@ LAYER_FEATURES = (
 ELEM_FLOPS = 20.0
 
 
-@lru_cache(maxsize=None)
+@cache
 def layer_features(model: str) -> np.ndarray:
     """(layers, LAYER_FEATURES) raw per-sample figures of each layer of a zoo model, counted on one sample."""
     spec = get_model(model)

@@ -114,9 +114,9 @@ def test_the_stored_training_set_and_model_match():
     doc = load(MEASUREMENTS)
     assert {"fp32-1t", "fp32-2t"} <= set(doc["configs"]) and MODEL_FILE.exists()
     predictor = load_predictor()
-    assert set(predictor.devices) == {c for c in doc["configs"]}  # fitted on everything measured
-    for name, per_model in doc["configs"].items():
-        for model, by_batch in per_model.items():
+    assert set(predictor.devices) == set(doc["configs"])  # fitted on everything measured
+    for per_model in doc["configs"].values():
+        for by_batch in per_model.values():
             for times in by_batch.values():
                 assert all(f > 0 and b > 0 for f, b in times)
 
