@@ -118,3 +118,11 @@ def test_part_upload_needs_the_device_credential(bob, settings):
     )
     assert ok.json() == {"stored": 7}
     assert (settings.ASTEROID_JOBS_DIR / str(job.pk) / "part-1.pt").read_bytes() == b"weights"
+
+
+def test_a_probed_device_is_marked_on_the_list(client, bob):
+    Device.objects.create(name="orin-0", kind="custom", memory_gb=16, gflops=900, measured={"probe": {"x": [1, 2]}})
+    Device.objects.create(name="nano-0", kind="jetson-nano")
+    client.force_login(bob)
+    rows = {r.split("</td>")[0].rsplit(">", 1)[1]: r for r in client.get("/devices/").content.decode().split("<tr")[1:]}
+    assert ">probed</span>" in rows["orin-0"] and "probed" not in rows["nano-0"]
