@@ -355,6 +355,7 @@ def _read_plan(arg: str) -> Plan:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from engine.compression import compression_text, parse_compression
     from engine.events import chrome_trace, side_by_side
     from engine.runtime.launcher import RunOptions, save_events, train
     from engine.tables import CHANGE_LINES, change_line, eval_line, iteration_line, run_summary
@@ -381,8 +382,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         )  # fmt: skip
         w = workload(doc["model"], cluster=cluster)
         method = doc["method"] if doc["method"] in PLANNERS else "asteroid"
-        plan = fitting_plan(method, Problem(w, cluster, doc["batch_size"]))
         options = RunOptions.from_dict(doc["options"])
+        allowed = parse_compression(options.compression or "off")
+        plan = fitting_plan(method, Problem(w, cluster, doc["batch_size"]), allowed)
         args.iterations, args.replicate_every = options.iterations, doc["replicate_every"]
         args.run_dir = args.resume
         if not args.json:
@@ -418,6 +420,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             generation=args.generation,
             eval_every=args.eval_every,
             eval_samples=args.eval_samples,
+            compression=None if args.plan else compression_text(*args.compression),  # a plan file: its own levels
         )
     else:
         options = replace(options, save_model=bool(args.save))

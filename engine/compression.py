@@ -5,12 +5,19 @@
     feedback = ErrorFeedback()                       # gradients: carry each step's rounding error forward
     buf = feedback.encode((peer, slot), grad, 8)
 
-Wire format at 8, 4 or 2 bits: C float32 channel minimums, then C float32 scales (native byte order,
+Wire format at 8, 4 or 2 bits: G float32 minimums, then G float32 scales (native byte order,
 little-endian on every host we run on), then the codes packed `8 // bits` to a byte, the first code in
-the lowest bits, the last byte zero-padded. A value decodes to `min + code * scale`. At OFF (32) the
-wire holds the raw float32 bytes.
+the lowest bits, the last byte zero-padded. A value decodes to `min + code * scale`. G groups of
+consecutive channels share a (min, scale): one group per channel when the header stays within
+1/HEADER_SHARE of the codes, fewer (down to one for the whole tensor) when the tensor is too small for
+that, so a compressed message is never much bigger than its codes. At OFF (32) the wire holds the raw
+float32 bytes.
 
-Non-finite input does not crash: a channel holding any NaN or inf decodes to NaN throughout (its min
+Gradients cross at `engine.plan.gradient_bits(level)`: at least 8 bits (activations tolerate fewer bits than
+gradients do), rounded stochastically so they stay unbiased; the rounding is seeded per message, so a
+replayed iteration sends the same bytes.
+
+Non-finite input does not crash: a group holding any NaN or inf decodes to NaN throughout (its min
 and scale are sent as NaN), so a diverging run shows up on the receiver instead of being clipped away.
 """
 
@@ -28,6 +35,7 @@ from engine.errors import UserError
 from engine.plan import LEVELS, OFF  # the levels a plan's boundaries may have; OFF: uncompressed float32
 
 _FORMS = "off, 8, 4, 2, auto or auto:8,4"
+HEADER_SHARE = 16  # the (min, scale) header stays within 1/16 of the codes' bytes
 
 
 def parse_compression(text: str) -> tuple[tuple[int, ...], bool]:
@@ -46,6 +54,22 @@ def parse_compression(text: str) -> tuple[tuple[int, ...], bool]:
     raise UserError(f"unknown compression {text!r}: use {_FORMS}")
 
 
+def compression_text(allowed: tuple[int, ...], auto: bool) -> str:
+    """Inverse of `parse_compression`: the `--compression` text of (allowed levels, auto)."""
+    if not allowed:
+        return "off"
+    if not auto:
+        return str(allowed[0])
+    return "auto" if tuple(allowed) == LEVELS else "auto:" + ",".join(map(str, allowed))
+
+
+def plan_compression(compression: tuple[int, ...]) -> str:
+    """The `--compression` text a re-plan keeps for a plan of these boundary levels: its one level, or auto
+    among its levels when they differ."""
+    levels = tuple(sorted({b for b in compression if b < OFF}, reverse=True))
+    return compression_text(levels, len(set(compression)) > 1)
+
+
 def _groups(shape: tuple[int, ...]) -> tuple[int, int, int]:
     """(outer, channels, inner): the tensor seen as (A, C, B), one (min, scale) pair per C.
 
@@ -53,12 +77,22 @@ def _groups(shape: tuple[int, ...]) -> tuple[int, int, int]:
     (dim 0 does): dim 1 of a 4-D (n, C, H, W) conv activation (per-channel BN scale, ReLU), else the
     last dim, the features of (n, F) and the hidden dim of (n, T, D) transformer activations, where
     the few large "outlier" features live; per token (dim T) each token's range would be set by them.
-    A 0-D or 1-D tensor is one channel. The header costs 8 bytes per channel, < 1% of these tensors.
+    A 0-D or 1-D tensor is one channel. Channels are then grouped (`_scale_groups`) to bound the header.
     """
     if len(shape) < 2:
         return 1, 1, math.prod(shape)
     d = 1 if len(shape) == 4 else len(shape) - 1
     return math.prod(shape[:d]), shape[d], math.prod(shape[d + 1 :])
+
+
+def _scale_groups(shape: tuple[int, ...], bits: int) -> tuple[int, int]:
+    """(groups, channels per group): as many (min, scale) pairs as the header budget allows, at most one
+    per channel; the last group may be short."""
+    _, c, _ = _groups(shape)
+    codes = -(-math.prod(shape) * bits // 8)
+    groups = max(1, min(c, codes // (8 * HEADER_SHARE)))
+    per = -(-c // groups)
+    return -(-c // per), per
 
 
 def _check_bits(bits: int) -> None:
@@ -72,7 +106,7 @@ def wire_bytes(shape: tuple[int, ...], bits: int) -> int:
     numel = math.prod(shape)
     if bits == OFF:
         return numel * 4
-    return 8 * _groups(tuple(shape))[1] + -(-numel * bits // 8)
+    return 8 * _scale_groups(tuple(shape), bits)[0] + -(-numel * bits // 8)
 
 
 def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
@@ -116,20 +150,25 @@ def encode(
     if bits == OFF:  # a view of x's bytes when x is contiguous float32
         return x.contiguous().reshape(-1).view(torch.uint8)
     a, c, b = _groups(tuple(x.shape))
+    g, per = _scale_groups(tuple(x.shape), bits)
     v = x.reshape(a, c, b)
     levels = (1 << bits) - 1
     if v.numel():
         lo, hi = v.amin(dim=(0, 2)), v.amax(dim=(0, 2))
+        if per > 1:  # per group of channels: pad the last group with values that change nothing
+            pad = g * per - c
+            lo = torch.cat([lo, lo.new_full((pad,), math.inf)]).view(g, per).amin(dim=1)
+            hi = torch.cat([hi, hi.new_full((pad,), -math.inf)]).view(g, per).amax(dim=1)
     else:
-        lo = hi = v.new_zeros(c)
+        lo = hi = v.new_zeros(g)
     scale = hi / levels - lo / levels  # not (hi - lo) / levels: that overflows for finite extremes
-    finite = torch.isfinite(scale)  # NaN, +inf or -inf anywhere in the channel
+    finite = torch.isfinite(scale)  # NaN, +inf or -inf anywhere in the group
     if not bool(finite.all()):
-        v = torch.where(finite[:, None], v, 0.0)
+        v = torch.where(_per_channel(finite, per, c)[:, None], v, 0.0)
         lo, scale = torch.where(finite, lo, 0.0), torch.where(finite, scale, math.nan)
-    # A constant channel (scale 0, or so small 1 / scale overflows) gets codes 0 and decodes to its min.
+    # A constant group (scale 0, or so small 1 / scale overflows) gets codes 0 and decodes to its min.
     inv = torch.where(scale >= torch.finfo(torch.float32).tiny, 1.0 / scale, 0.0)
-    q = (v - lo[:, None]).mul_(inv[:, None])
+    q = (v - _per_channel(lo, per, c)[:, None]).mul_(_per_channel(inv, per, c)[:, None])
     if stochastic:
         q = q.add_(torch.rand(q.shape, generator=generator)).floor_()
     else:
@@ -137,6 +176,11 @@ def encode(
     codes = q.clamp_(0, levels).to(torch.uint8)
     lo = torch.where(finite, lo, math.nan)
     return torch.cat([torch.cat([lo, scale]).view(torch.uint8), pack(codes, bits)])
+
+
+def _per_channel(values: torch.Tensor, per: int, channels: int) -> torch.Tensor:
+    """One value per group -> the group's value for each of its channels."""
+    return values if per == 1 else values.repeat_interleave(per)[:channels]
 
 
 def decode(buf: torch.Tensor, shape: tuple[int, ...], bits: int) -> torch.Tensor:
@@ -148,9 +192,10 @@ def decode(buf: torch.Tensor, shape: tuple[int, ...], bits: int) -> torch.Tensor
     if bits == OFF:
         return buf.clone().view(torch.float32).reshape(shape)
     a, c, b = _groups(shape)
-    header = buf[: 8 * c].clone().view(torch.float32)  # clone: buf's offset need not be 4-aligned
-    lo, scale = header[:c, None], header[c:, None]
-    codes = unpack(buf[8 * c :], bits, a * c * b).reshape(a, c, b)
+    g, per = _scale_groups(shape, bits)
+    header = buf[: 8 * g].clone().view(torch.float32)  # clone: buf's offset need not be 4-aligned
+    lo, scale = _per_channel(header[:g], per, c)[:, None], _per_channel(header[g:], per, c)[:, None]
+    codes = unpack(buf[8 * g :], bits, a * c * b).reshape(a, c, b)
     return codes.to(torch.float32).mul_(scale).add_(lo).reshape(shape)
 
 
@@ -179,7 +224,8 @@ class ErrorFeedback:
 
 
 def measure_codec(bits_levels: tuple[int, ...] = LEVELS, numel: int = 1 << 20, repeats: int = 5) -> dict[int, float]:
-    """Host seconds per element of encode + decode at each level (median of `repeats`, torch on one thread).
+    """Host seconds per element of encode + decode at each level (median of `repeats`, torch on one thread),
+    the mean of a round-to-nearest round trip (activations) and a stochastic one (gradients).
 
     The tensor is (numel // 64, 64) random normal: 64 channels, as an activation would have.
     """
@@ -188,15 +234,21 @@ def measure_codec(bits_levels: tuple[int, ...] = LEVELS, numel: int = 1 << 20, r
     try:
         x = torch.randn(max(1, numel // 64), 64, generator=torch.Generator().manual_seed(0))
         shape = tuple(x.shape)
+        rng = torch.Generator().manual_seed(0)
+
+        def round_trip(bits: int) -> None:
+            decode(encode(x, bits), shape, bits)
+            decode(encode(x, bits, stochastic=True, generator=rng), shape, bits)
+
         seconds = {}
         for bits in bits_levels:
-            decode(encode(x, bits), shape, bits)  # warm-up
+            round_trip(bits)  # warm-up
             times = []
             for _ in range(repeats):
                 start = time.perf_counter()
-                decode(encode(x, bits), shape, bits)
+                round_trip(bits)
                 times.append(time.perf_counter() - start)
-            seconds[bits] = statistics.median(times) / x.numel()
+            seconds[bits] = statistics.median(times) / x.numel() / 2
         return seconds
     finally:
         torch.set_num_threads(threads)

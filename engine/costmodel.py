@@ -17,8 +17,9 @@ after it (itself included): weights + gradients + optimizer state + n * (min(k, 
 
 A device whose per-layer seconds are known (`Workload.with_device_times`: a measured table, or the latency
 predictor's for a device of no known kind) uses them instead of W / flops_d. A boundary compressed to b bits
-(the plan's `compression`) carries a * b / 32 bytes, and each device on it pays encoding and decoding its values
-(`codec_work`, measured on the host, turned into device seconds like its compute).
+(the plan's `compression`) carries a * b / 32 bytes of activations and a * max(b, 8) / 32 of gradients (the
+(min, scale) header, at most 1/16 of that, is left out), and each device on it pays encoding and decoding its
+values (`codec_work`, measured on the host, turned into device seconds like its compute).
 
 Fault tolerance (replication every K iterations): at a replication point each stage's first device sends
 its layers' weights and optimizer state to its neighbour (the next stage's first device, wrapping around)
@@ -38,7 +39,7 @@ import numpy as np
 from engine import schedule
 from engine.devices import LAYER_OVERHEAD_S, Cluster, Device
 from engine.errors import UserError
-from engine.plan import OFF, Plan, Prediction
+from engine.plan import OFF, Plan, Prediction, gradient_bits
 
 # FLOP-equivalents to encode and decode one float when no measurement is at hand (about what this host measured).
 DEFAULT_CODEC_WORK = 50.0
@@ -229,7 +230,7 @@ def boundary_s(w: Workload, cluster: Cluster, dev: Device, i: int, j: int, level
     b_in, b_out = levels
     if b_in >= OFF and b_out >= OFF:
         return (a_in + a_out) / cluster.bytes_per_s
-    wire = (a_in * b_in + a_out * b_out) / OFF
+    wire = (a_in * gradient_bits(b_in) + a_out * b_out) / OFF  # it sends activations on and gradients back
     return wire / cluster.bytes_per_s + w.codec_s(dev, a_in / 4, b_in) + w.codec_s(dev, a_out / 4, b_out)
 
 

@@ -9,6 +9,12 @@ from engine.errors import UserError
 
 OFF = 32  # the level of an uncompressed boundary (float32); engine.compression has the codec
 LEVELS = (8, 4, 2)
+GRADIENT_MIN_BITS = 8  # gradients tolerate fewer lost bits than activations: they cross at >= 8 bits
+
+
+def gradient_bits(level: int) -> int:
+    """Bits per value of the gradients sent back over a boundary whose activations cross at `level`."""
+    return max(level, GRADIENT_MIN_BITS)
 
 
 @dataclass(frozen=True)

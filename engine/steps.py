@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from engine.costmodel import Workload, allreduce_s, link_s
 from engine.devices import LAYER_OVERHEAD_S
-from engine.plan import OFF, Plan, Stage
+from engine.plan import OFF, Plan, Stage, gradient_bits
 
 
 @dataclass(frozen=True)
@@ -90,9 +90,9 @@ def device_steps(plan: Plan, w: Workload) -> dict[str, DeviceSteps]:
                 forward_s=layers * LAYER_OVERHEAD_S + n * (w.forward_s(dev, st.start, st.end) + codec),
                 backward_s=layers * LAYER_OVERHEAD_S + n * (w.backward_s(dev, st.start, st.end) + codec),
                 send_forward=moves(lo, hi, s + 1, a_out * b_out / OFF),
-                send_backward=moves(lo, hi, s - 1, a_in * b_in / OFF),
+                send_backward=moves(lo, hi, s - 1, a_in * gradient_bits(b_in) / OFF),
                 recv_forward=moves(lo, hi, s - 1, a_in * b_in / OFF),
-                recv_backward=moves(lo, hi, s + 1, a_out * b_out / OFF),
+                recv_backward=moves(lo, hi, s + 1, a_out * gradient_bits(b_out) / OFF),
                 allreduce_s=reduce,
             )
     return out

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from engine.compression import parse_compression, plan_compression
 from engine.costmodel import Workload, link_s, replica_bytes, replication_s, score
 from engine.devices import Cluster, Device, get_kind
 from engine.errors import UserError
@@ -39,7 +40,7 @@ from engine.events import (
     Replay,
 )
 from engine.models import get_model
-from engine.plan import OFF, Plan
+from engine.plan import Plan
 from engine.planners import COMPARED, NoFeasiblePlan, Problem
 from engine.planners.levels import plan_compressed
 from engine.runtime import layerstate
@@ -125,6 +126,8 @@ class Coordinator:
         resume: dict | None = None,
         on_pids: Callable[[dict], None] | None = None,
     ):
+        if options.compression is None:  # kept in run.json, so that a resumed run re-plans with it too
+            options = replace(options, compression=plan_compression(plan.compression))
         self.plan, self.w, self.opts, self.faults = plan, workload, options, faults or Faults()
         self.emit = emit or (lambda _: None)
         self.run_dir = run_dir
@@ -519,9 +522,8 @@ class Coordinator:
         cluster = self._cluster(names)
         try:
             method = self.plan.method if self.plan.method in COMPARED else "asteroid"  # hand-made or exhaustive
-            # the run's compression: its first plan's levels (one level for all: that level; mixed: auto among them)
-            levels = tuple(sorted({b for b in self.plan.compression if b < OFF}, reverse=True))
-            auto = len(set(self.plan.compression)) > 1
+            # the run's compression: what the user allowed, else its first plan's levels
+            levels, auto = parse_compression(self.opts.compression or plan_compression(self.plan.compression))
             problem = Problem(self._planning_workload(), cluster, self.plan.batch_size)
             plan = plan_compressed(method, problem, levels, auto)
         except NoFeasiblePlan:

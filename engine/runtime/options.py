@@ -34,6 +34,8 @@ class RunOptions:
     generation: int = 0  # the rendezvous store prefix `asteroid/gen<generation>/`
     eval_every: int = 0  # score the held-out split every this many iterations and after the last (0: never)
     eval_samples: int = 512  # at most this many held-out samples, in whole batches
+    # the levels a re-plan may put on stage boundaries, as `--compression` takes them (None: the first plan's)
+    compression: str | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -56,6 +58,10 @@ class RunOptions:
             raise UserError(f"eval-every must be 0 (never) or more, got {self.eval_every}")
         if self.eval_samples < 1:
             raise UserError(f"eval samples must be at least 1, got {self.eval_samples}")
+        if self.compression is not None:
+            from engine.compression import parse_compression  # torch: only when it is needed
+
+            parse_compression(self.compression)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -88,6 +94,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "generation": (int,),
     "eval_every": (int,),
     "eval_samples": (int,),
+    "compression": (str, type(None)),
 }
 
 

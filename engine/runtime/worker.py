@@ -44,7 +44,7 @@ from engine.events import DeviceDone, DeviceStart, Eval, Iteration, Restore, Ste
 from engine.metrics import measured_throughput
 from engine.models import get_model
 from engine.models.randomness import sample_draws
-from engine.plan import OFF, Plan
+from engine.plan import OFF, Plan, gradient_bits
 from engine.runtime import layerstate
 from engine.runtime.batches import batch_indices, eval_batches, load
 from engine.runtime.control import Generation, Heartbeat, gen_key, get_bytes, key, put_bytes
@@ -481,7 +481,7 @@ class _Device:
                 ("B", self.st.recv_backward if backward else (), self.shape_out),
             ):
                 got = []
-                bits = self.bits_in if kind == "F" else self.bits_out
+                bits = self.bits_in if kind == "F" else gradient_bits(self.bits_out)
                 for t in moves:
                     peer = self.ranks[t.peer]
                     header = torch.zeros(1, dtype=torch.float64)
@@ -512,21 +512,22 @@ class _Device:
         end = self.clock.wait_until(arrival)
         if end - start > 1e-4:
             self._event("recv", mb, start, end)
-        bits, shape = (self.bits_in, self.shape_in) if kind == "F" else (self.bits_out, self.shape_out)
+        bits, shape = (self.bits_in, self.shape_in) if kind == "F" else (gradient_bits(self.bits_out), self.shape_out)
         parts = [p if bits >= OFF else decode(p, (t.hi - t.lo, *shape), bits) for t, _, p, _ in got]
         return torch.cat(parts) if len(parts) > 1 else parts[0]
 
     def send(self, tensor: torch.Tensor, moves, kind: str, mb: int, outbox: list, base: int = 0) -> None:
         """Send each peer its slice; the device is busy for the emulated transfer time of each."""
         # activations go to the next stage over the boundary after this one, gradients back over the one before
-        bits = self.bits_out if kind == "F" else self.bits_in
+        bits = self.bits_out if kind == "F" else gradient_bits(self.bits_in)
         for t in moves:
             start = now()
             payload = tensor[t.lo - self.st.lo : t.hi - self.st.lo].detach().contiguous()
             self.sent_payload_bytes += payload.numel() * payload.element_size()
             if bits < OFF:  # gradients are rounded stochastically: unbiased, so SGD still follows the true mean
-                # drawn from (seed, iteration, micro-batch, slice) alone: a run repeats exactly, whatever ran before
-                draw = ((self.opts.seed * 1_000_003 + self.iteration) * 1_009 + mb) * 65_537 + t.lo
+                # drawn from (seed, stage, iteration, micro-batch, slice) alone: a run repeats exactly, a replay too
+                draw = (((self.opts.seed * 1_000_003 + self.stage) * 10_007 + self.iteration) * 1_009 + mb) * 65_537
+                draw += t.lo
                 self.codec_rng.manual_seed(draw % (1 << 63))
                 payload = encode(payload, bits, stochastic=kind == "B", generator=self.codec_rng)
             self.sent_bytes += payload.numel() * payload.element_size()

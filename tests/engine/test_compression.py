@@ -9,11 +9,13 @@ from engine.compression import (
     LEVELS,
     OFF,
     ErrorFeedback,
+    compression_text,
     decode,
     encode,
     measure_codec,
     pack,
     parse_compression,
+    plan_compression,
     unpack,
     wire_bytes,
 )
@@ -37,15 +39,16 @@ def _per_channel(x: torch.Tensor, reduce) -> torch.Tensor:
 
 
 def _tensors() -> dict[str, torch.Tensor]:
-    """Random tensors whose channels have very different ranges, so a per-tensor scale would fail the bound."""
-    conv = torch.randn(3, 6, 5, 7) * torch.logspace(-3, 2, 6).view(1, 6, 1, 1) + 5
+    """Random tensors whose channels have very different ranges, so a per-tensor scale would fail the bound;
+    each channel holds >= 512 values, enough for a scale of its own at every level."""
+    conv = torch.randn(4, 6, 12, 12) * torch.logspace(-3, 2, 6).view(1, 6, 1, 1) + 5
     conv[:, 2] = 3.7  # a constant channel
     return {
         "1-D": torch.randn(101) * 3 - 1,
         "n,C,H,W": conv,
-        "n,T,D": torch.randn(2, 9, 16) * torch.logspace(-2, 1, 16),
-        "n,F": torch.randn(4, 12) * torch.logspace(-2, 2, 12),
-        "single sample": torch.randn(1, 6, 4, 4) * torch.logspace(-2, 1, 6).view(1, 6, 1, 1),
+        "n,T,D": torch.randn(4, 128, 16) * torch.logspace(-2, 1, 16),
+        "n,F": torch.randn(512, 12) * torch.logspace(-2, 2, 12),
+        "single sample": torch.randn(1, 6, 24, 24) * torch.logspace(-2, 1, 6).view(1, 6, 1, 1),
         "one element": torch.tensor([2.5]),
     }
 
@@ -93,8 +96,23 @@ def test_encode_writes_exactly_wire_bytes(bits):
         assert buf.dtype == torch.uint8 and buf.dim() == 1
         assert buf.numel() == wire_bytes(tuple(x.shape), bits)
     assert wire_bytes((2, 3), OFF) == 24
-    assert wire_bytes((2, 3), 8) == 3 * 8 + 6  # 3 channels' (min, scale), then the codes
+    assert wire_bytes((2, 3), 8) == 8 + 6  # too small for a scale per channel: one (min, scale), then the codes
+    assert wire_bytes((512, 3), 8) == 3 * 8 + 1536  # one per channel
     assert wire_bytes((5,), 2) == 8 + 2
+
+
+@pytest.mark.parametrize("bits", LEVELS)
+@pytest.mark.parametrize("shape", [(2, 1024), (1, 3072), (4, 768), (2, 128, 768), (1, 320, 7, 7), (3, 5)])
+def test_small_tensors_share_scales_so_the_header_stays_small(shape, bits):
+    """An (n, F) activation of a small micro-batch share would carry more header than codes with a scale
+    per channel; channels then share scales in groups and the bound holds per group."""
+    codes = math.ceil(math.prod(shape) * bits / 8)
+    assert wire_bytes(shape, bits) <= codes + max(8, codes / 16)
+    assert wire_bytes(shape, bits) < math.prod(shape) * 4
+    x = torch.randn(shape) * torch.logspace(-2, 1, shape[-1])
+    y = decode(encode(x, bits), shape, bits)
+    whole = (x.amax() - x.amin()) / (2**bits - 1)  # a group is never wider than the whole tensor
+    assert ((y - x).abs() <= whole / 2 + 1e-5).all()
 
 
 def test_bytes_shrink_4_8_16_times_on_a_large_activation():
@@ -133,7 +151,7 @@ def test_error_feedback_keeps_the_running_sums_within_half_a_step():
     for _ in range(300):
         x = torch.randn(8, 32)
         target = x + (sent - received).float()  # what the stored residual should be
-        step = (target.amax(0) - target.amin(0)) / 3
+        step = (target.amax() - target.amin()) / 3  # 256 values: one scale for the whole tensor
         received = received + decode(feedback.encode("peer0", x, 2), (8, 32), 2)
         sent = sent + x
         plain = plain + decode(encode(x, 2), (8, 32), 2)
@@ -156,7 +174,7 @@ def test_error_feedback_keys_reset_and_shape_changes():
 
 
 def test_non_finite_values_poison_only_their_channel():
-    x = torch.randn(2, 5, 3, 3)
+    x = torch.randn(2, 5, 24, 24)
     x[0, 1, 0, 0] = math.nan
     x[1, 3, 2, 2] = math.inf
     y = decode(encode(x, 4, stochastic=True), tuple(x.shape), 4)
@@ -190,3 +208,23 @@ def test_measure_codec_returns_positive_seconds_per_element_and_restores_threads
     assert torch.get_num_threads() == 2
     assert set(seconds) == set(LEVELS)
     assert all(math.isfinite(s) and 0 < s < 1e-3 for s in seconds.values())
+
+
+@pytest.mark.parametrize("text", ["off", "8", "4", "2", "auto", "auto:8,4", "auto:2"])
+def test_compression_text_is_the_inverse_of_parse(text):
+    assert compression_text(*parse_compression(text)) == text
+
+
+def test_a_re_plan_keeps_a_plan_files_levels():
+    assert plan_compression(()) == "off"
+    assert plan_compression((4, 4)) == "4"
+    assert plan_compression((8, OFF, 2)) == "auto:8,2"
+
+
+def test_run_options_carry_the_allowed_levels_and_reject_nonsense():
+    from engine.runtime.options import RunOptions
+
+    options = RunOptions(compression="auto:8,4")
+    assert RunOptions.from_dict(options.to_dict()).compression == "auto:8,4"
+    with pytest.raises(UserError, match="unknown compression"):
+        RunOptions(compression="3")

@@ -28,9 +28,10 @@ def test_a_4_bit_pipeline_learns_digits_and_sends_an_eighth_of_the_bytes():
     # held-out accuracy rises well above chance (10 classes)
     assert last["accuracy"] >= 0.35, result.evals
     assert last["accuracy"] > first["accuracy"] + 0.15, result.evals
-    # 4-bit codes plus one (min, scale) pair per channel: close to 8x fewer bytes than float32
+    # 4-bit activation codes (8x fewer bytes than float32) and 8-bit gradients (4x): 5.3x, a little more
+    # with the held-out evaluation's forward-only activations, a little less with the scale headers
     assert result.payload_bytes > 0
-    assert 6.5 < result.payload_bytes / result.wire_bytes <= 8.0
+    assert 4.8 < result.payload_bytes / result.wire_bytes < 6
     for name in plan.device_names:
         device = result.devices[name]
         assert device["payload_bytes"] > 0 and device["wire_bytes"] < device["payload_bytes"]
@@ -42,9 +43,11 @@ def test_mixed_levels_reach_each_boundary_and_the_plan_json_keeps_them():
     result = train(plan, model_workload("mobilenetv2"), options)
     assert result.to_dict()["plan"]["compression"] == [8, 2]
     sent = {name: (d["payload_bytes"], d["wire_bytes"]) for name, d in result.devices.items()}
-    # nx-0 sends activations over the 8-bit boundary only; nano-3 sends gradients over the 2-bit one only
+    # nx-0 sends activations over the 8-bit boundary only; nano-3 sends gradients over the 2-bit one only,
+    # and gradients never cross below 8 bits; the middle stage sends 2-bit activations and 8-bit gradients
     assert 3.5 < sent["nx-0"][0] / sent["nx-0"][1] <= 4.0
-    assert 12 < sent["nano-3"][0] / sent["nano-3"][1] <= 16.0
+    assert 3.5 < sent["nano-3"][0] / sent["nano-3"][1] <= 4.0
+    assert 4.5 < sent["tx2-1"][0] / sent["tx2-1"][1] < 16.0
 
 
 @pytest.mark.parametrize("level", [8, 4, 2])
@@ -56,6 +59,10 @@ def test_the_simulator_charges_the_smaller_transfers_and_the_codec(level):
     def bytes_time(sim) -> float:  # the sends' seconds less their latency: bytes over the bandwidth
         return sum(e.end - e.start - latency for e in sim.events if e.kind == "send")
 
-    assert bytes_time(packed) == pytest.approx(bytes_time(off) * level / 32)
+    # activations at `level` bits, gradients at max(level, 8)
+    if level == 8:
+        assert bytes_time(packed) == pytest.approx(bytes_time(off) * 8 / 32)
+    else:
+        assert bytes_time(off) * level / 32 < bytes_time(packed) < bytes_time(off) * 8 / 32
     computes = lambda sim: sum(e.end - e.start for e in sim.events if e.kind in "FB")  # noqa: E731
     assert computes(packed) > computes(off)  # (de)quantisation is paid on the devices
