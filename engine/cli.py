@@ -195,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--output", help="also write the markdown report to this file")
     b.add_argument(
         "--clusters",
-        default="ABCD",
+        default=None,
         help="reproduce, recovery, compression: clusters to run (default ABCD; compression: C)",
     )
     b.add_argument(

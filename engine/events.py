@@ -330,7 +330,8 @@ class DeviceJoined(Event):
 
 @dataclass(frozen=True)
 class Repartition(Event):
-    """Measured speeds drifted from the plan: `speeds` is each drifting device's measured slow-down factor."""
+    """Measured speeds drifted from the plan: `speeds` is each drifting device's measured slow-down factor;
+    `refitted` the probed devices whose latency-predictor correction was refitted on their measured steps."""
 
     TYPE = "repartition"
 
@@ -339,6 +340,7 @@ class Repartition(Event):
     measured_iteration_s: float
     predicted_iteration_s: float
     generation: int = 0
+    refitted: list = field(default_factory=list)
 
 
 CATALOGUE: dict[str, type[Event]] = {

@@ -173,9 +173,11 @@ def change_line(ev: dict) -> str:
     if kind == "device-joined":
         return f"{ev['device']} ({ev['kind']}) joined after iteration {ev['iteration']}"
     speeds = ", ".join(f"{d} {f:.1f}x slower" for d, f in ev["speeds"].items())
+    refitted = ev.get("refitted") or []
+    learned = f"; predictions refitted for {', '.join(map(str, refitted))}" if refitted else ""
     return (
         f"re-partitioning after iteration {ev['iteration']}: {speeds} (iteration {ev['measured_iteration_s']:.3f} s "
-        f"measured, {ev['predicted_iteration_s']:.3f} s planned)"
+        f"measured, {ev['predicted_iteration_s']:.3f} s planned){learned}"
     )
 
 

@@ -9,6 +9,7 @@ from dataclasses import replace
 
 from engine.costmodel import Workload
 from engine.devices import Cluster
+from engine.errors import UserError
 from engine.models import get_model
 from engine.profiler import cached_profile, default_cache_dir, host_id
 
@@ -36,7 +37,11 @@ def workload(
     if probed:
         from engine.predictor.adapt import predicted_times
 
-        w = w.with_device_times({d.name: predicted_times(model, json.loads(d.probe), profile_batch) for d in probed})
+        try:
+            times = {d.name: predicted_times(model, json.loads(d.probe), profile_batch) for d in probed}
+            w = w.with_device_times(times)
+        except ValueError as exc:  # a probe the checks let through but the predictor cannot use
+            raise UserError(f"cannot predict {model}'s layer times from a device's probe: {exc}") from None
     return w
 
 
@@ -45,14 +50,17 @@ def codec_seconds() -> dict[int, float]:
     once per host and cached beside the profiles."""
     from engine.compression import measure_codec
 
-    path = default_cache_dir() / f"codec-{host_id()}.json"
+    path = default_cache_dir() / f"codec-v2-{host_id()}.json"  # v2: with stochastic rounding
     try:
         return {int(k): float(v) for k, v in json.loads(path.read_text()).items()}
     except (OSError, ValueError, TypeError, AttributeError):
         pass  # missing or corrupt: measure again
     measured = measure_codec(repeats=9)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(measured))
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(measured))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only cache: measured again next time
     return measured

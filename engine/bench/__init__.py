@@ -32,7 +32,7 @@ def run_reproduce(args: argparse.Namespace) -> str:
     from engine.devices import CLUSTERS
     from engine.models import get_model
 
-    clusters = args.clusters.upper()
+    clusters = ("ABCD" if args.clusters is None else args.clusters).upper()
     if not clusters or any(c not in CLUSTERS for c in clusters):
         raise UserError(f"--clusters takes letters of {''.join(CLUSTERS)}, got {args.clusters!r}")
     if args.models:
@@ -50,7 +50,7 @@ def run_reproduce(args: argparse.Namespace) -> str:
         if unknown or not methods:
             raise UserError(f"--methods takes some of {', '.join(reproduce.METHODS)}, got {args.methods!r}")
     if args.quick:
-        clusters = "C" if args.clusters == "ABCD" else clusters
+        clusters = "C" if args.clusters is None else clusters
     command = "python -m engine " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["bench"] else "bench reproduce"
     if args.from_record:
         runs = reproduce.load_runs([Path(p) for p in args.from_record.split(",")])
@@ -77,7 +77,7 @@ def run_recovery(args: argparse.Namespace) -> str:
     from engine.devices import CLUSTERS
     from engine.models import get_model
 
-    clusters = args.clusters.upper()
+    clusters = ("ABCD" if args.clusters is None else args.clusters).upper()
     if not clusters or any(c not in CLUSTERS for c in clusters):
         raise UserError(f"--clusters takes letters of {''.join(CLUSTERS)}, got {args.clusters!r}")
     if args.models:
@@ -99,7 +99,7 @@ def run_recovery(args: argparse.Namespace) -> str:
     if unknown or not scenarios:
         raise UserError(f"--scenarios takes some of {', '.join(recovery.SCENARIOS)}, got {args.scenarios!r}")
     if args.quick:
-        clusters = "C" if args.clusters == "ABCD" else clusters
+        clusters = "C" if args.clusters is None else clusters
         bandwidths = (1000.0,) if args.bandwidths == "1000,100" else bandwidths
         scenarios = ("one",) if not args.scenarios else scenarios
     command = "python -m engine " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["bench"] else "bench recovery"
@@ -123,7 +123,7 @@ def run_compression(args: argparse.Namespace) -> str:
     from engine.bench import compression
     from engine.devices import CLUSTERS
 
-    clusters = "C" if args.clusters == "ABCD" else args.clusters.upper()
+    clusters = ("C" if args.clusters is None else args.clusters).upper()
     if not clusters or any(c not in CLUSTERS for c in clusters):
         raise UserError(f"--clusters takes letters of {''.join(CLUSTERS)}, got {args.clusters!r}")
     models = tuple(m.strip() for m in (args.models or ",".join(compression.MODELS)).split(",") if m.strip())

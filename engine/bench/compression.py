@@ -254,7 +254,7 @@ def figure(runs: list[Run], prefix: Path) -> list[Path]:
     )
     prefix.parent.mkdir(parents=True, exist_ok=True)
     html = prefix.with_suffix(".html")
-    fig.write_html(html, include_plotlyjs="directory")
+    fig.write_html(html, include_plotlyjs="cdn")  # docs/: one small file, plotly.js from its CDN
     written = [html]
     try:
         fig.write_image(prefix.with_suffix(".png"))

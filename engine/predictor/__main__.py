@@ -49,6 +49,9 @@ def _measure(args) -> int:
     configs = [get_config(c.strip()) for c in args.configs.split(",") if c.strip()] or [
         get_config(c) for c in available()
     ]
+    missing = [c.name for c in configs if c.name not in available()]
+    if missing:
+        raise UserError(f"this machine cannot run configuration(s) {', '.join(missing)} (no GPU)")
     models = [m.strip() for m in args.models.split(",") if m.strip()] or model_names()
     for name in models:
         get_model(name)

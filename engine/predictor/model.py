@@ -8,12 +8,14 @@ no GPU; scikit-learn is already a dependency (it bundles the digits dataset).
 from __future__ import annotations
 
 import pickle
+import warnings
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 from sklearn.ensemble import HistGradientBoostingRegressor
+from sklearn.exceptions import InconsistentVersionWarning
 
 from engine.predictor.features import device_features, model_matrix
 from engine.predictor.measure import DATA_DIR, MEASUREMENTS, load
@@ -88,11 +90,15 @@ def fit_and_save(path: Path = MODEL_FILE, measurements: Path = MEASUREMENTS) -> 
 @lru_cache(maxsize=1)
 def load_predictor() -> Predictor:
     """The stored predictor (data/predictor.pkl); refitted from measurements.json when the file is missing or
-    was made by another version (a few seconds)."""
+    was made by another version of it or of scikit-learn (a few seconds)."""
     try:
-        predictor = pickle.loads(MODEL_FILE.read_bytes())
+        with warnings.catch_warnings():  # a model pickled by another scikit-learn may predict wrongly: refitted
+            warnings.simplefilter("error", InconsistentVersionWarning)
+            predictor = pickle.loads(MODEL_FILE.read_bytes())
         if isinstance(predictor, Predictor) and predictor.version == MODEL_VERSION:
             return predictor
     except (OSError, pickle.UnpicklingError, AttributeError, ImportError, EOFError, TypeError, ValueError):
+        pass
+    except InconsistentVersionWarning:
         pass
     return Predictor.fit(load(MEASUREMENTS))

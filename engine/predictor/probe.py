@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 
 import numpy as np
@@ -36,12 +35,28 @@ def check(doc: object) -> dict[str, tuple[float, float]]:
     out = {}
     for key in PROBE_KEYS:
         v = doc[key]
-        ok = isinstance(v, (list, tuple)) and len(v) == 2
-        ok = ok and all(not isinstance(t, bool) and isinstance(t, (int, float)) and math.isfinite(t) for t in v)
-        if not ok or v[0] <= 0 or v[1] <= 0:
-            raise ValueError(f"probe {key}: needs [forward_s, backward_s], two positive numbers, got {v!r:.60}")
-        out[key] = (float(v[0]), float(v[1]))
+        times = [_seconds(t) for t in v] if isinstance(v, (list, tuple)) and len(v) == 2 else [None]
+        if None in times:
+            raise ValueError(
+                f"probe {key}: needs [forward_s, backward_s], seconds per sample between {MIN_S:g} and {MAX_S:g}, "
+                f"got {v!r:.60}"
+            )
+        out[key] = (times[0], times[1])
     return out
+
+
+MIN_S, MAX_S = 1e-9, 60.0  # per sample of a probe layer: a nanosecond is beyond any board, a minute broken
+
+
+def _seconds(t: object) -> float | None:
+    """`t` as seconds when it is a plausible probe time, else None."""
+    if isinstance(t, bool) or not isinstance(t, (int, float)):
+        return None
+    try:
+        t = float(t)
+    except OverflowError:  # an int beyond float's range
+        return None
+    return t if MIN_S <= t <= MAX_S else None  # NaN fails both
 
 
 def run_probe(config=None) -> dict[str, tuple[float, float]]:

@@ -22,13 +22,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from engine.compression import parse_compression, plan_compression
 from engine.costmodel import Workload, link_s, replica_bytes, replication_s, score
-from engine.devices import Cluster, Device, get_kind
+from engine.devices import LAYER_OVERHEAD_S, Cluster, Device, get_kind
 from engine.errors import UserError
 from engine.events import (
     DeviceJoined,
@@ -51,6 +52,10 @@ from engine.runtime.options import RunOptions
 from engine.runtime.processes import Collector, DeviceProcesses
 from engine.runtime.recovery import CENTRAL, Copy, layer_text, restore_pieces, rollback_point, seed_copy
 from engine.steps import device_steps
+from engine.workloads import PROFILE_BATCH
+
+if TYPE_CHECKING:
+    from engine.predictor.adapt import DeviceModel
 
 Emit = Callable[[dict], None]
 DRIFT = 0.25  # measured iterations this much slower than predicted ...
@@ -137,6 +142,7 @@ class Coordinator:
         self.detect_s = detect_s
         self.true_cluster = plan.cluster  # the devices as they are (kinds); planning may see them slowed
         self.speed: dict[str, float] = {}  # measured slow-down factors the planner takes into account
+        self.learned: dict[str, DeviceModel] = {}  # probed devices: their predictor corrections, refined in the run
         self.collected = Collector()
         self.iterations: dict[int, dict] = {}  # by 0-based iteration: the newest generation's report
         self.committed = 0
@@ -226,14 +232,16 @@ class Coordinator:
         return Cluster(tuple(devices), c.bandwidth_mbps, c.latency_ms, c.name)
 
     def _planning_workload(self) -> Workload:
-        """The workload to re-plan with: a device whose per-layer times are known (measured or predicted from its
-        probe) has them scaled by its measured slow-down, the correction its step times taught (gflops does it
-        for the others, in `_cluster`)."""
+        """The workload to re-plan with: a device whose per-layer times are known has them scaled by its measured
+        slow-down (gflops does it for the others, in `_cluster`); a probed device's are predicted again from its
+        correction, refitted on the step times it measured (`_learn`)."""
         tables = {
             name: tuple(tuple(t * self.speed[name] for t in times) for times in self.w.device_times[name])
             for name in self.speed
             if name in self.w.device_times and self.speed[name] != 1.0
         }
+        for name, learned in self.learned.items():  # probed devices: the predictor's refitted per-layer times
+            tables[name] = tuple(tuple(map(float, times)) for times in learned.predict(self.plan.model, PROFILE_BATCH))
         return self.w.with_device_times(tables) if tables else self.w
 
     # -- the run ------------------------------------------------------------------------------------------
@@ -362,7 +370,7 @@ class Coordinator:
                 if speeds:
                     self.speed.update(speeds)
                     self.repartition = Repartition(
-                        ev["iteration"] + 1, speeds, ev["iteration_s"], predicted, gen.number
+                        ev["iteration"] + 1, speeds, ev["iteration_s"], predicted, gen.number, sorted(self.learned)
                     ).to_message()
                     self.store.set(gen_key(gen.number, "stop"), str(ev["iteration"] + 1))
                 self.drift = 0
@@ -371,15 +379,36 @@ class Coordinator:
         """Each device's compute in iteration k against its planned compute: the slow ones' factors."""
         gen = self.generation
         busy: dict[str, float] = {}
+        by_kind: dict[tuple[str, str], float] = {}
         for e in self.collected.steps:
             if e.iteration == k and e.generation == gen.number and e.kind in ("F", "B"):
                 busy[e.device] = busy.get(e.device, 0.0) + e.end - e.start
+                by_kind[e.device, e.kind] = by_kind.get((e.device, e.kind), 0.0) + e.end - e.start
+        self._learn(by_kind)
         out = {}
         for name, s in gen.steps.items():
             planned = gen.plan.micro_batches * (s.forward_s + s.backward_s) * self.speed.get(name, 1.0)
             if planned > 0 and busy.get(name, 0.0) / planned > SLOW:
                 out[name] = round(busy[name] / planned * self.speed.get(name, 1.0), 2)
         return out
+
+    def _learn(self, busy: dict[tuple[str, str], float]) -> None:
+        """Continual learning: each probed device's measured forward and backward time per sample of its stage
+        refits its latency-predictor correction (engine.predictor.adapt), which the next re-plan uses."""
+        gen = self.generation
+        for name, s in gen.steps.items():
+            probe = self.true_cluster.device(name).probe
+            if not probe or (name, "F") not in busy or (name, "B") not in busy:
+                continue
+            if name not in self.learned:
+                from engine.predictor.adapt import DeviceModel  # scikit-learn: only for probed devices
+
+                self.learned[name] = DeviceModel.from_probe(json.loads(probe))
+            st, n, m = gen.plan.stages[s.stage], s.hi - s.lo, gen.plan.micro_batches
+            overhead = (st.end - st.start) * LAYER_OVERHEAD_S  # per step, whatever its samples
+            f, b = ((busy[name, kind] / m - overhead) / n for kind in ("F", "B"))
+            if f > 0 and b > 0:
+                self.learned[name].update(self.plan.model, st.start, st.end, n, f, b)
 
     # -- detection ----------------------------------------------------------------------------------------
 

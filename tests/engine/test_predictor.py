@@ -59,10 +59,13 @@ def _error(guess, truth) -> float:
     [
         ("fast", "probe must be an object"),
         ({}, "probe lacks layers"),
-        ({**{k: [1e-4, 2e-4] for k in PROBE_KEYS}, PROBE_KEYS[0]: [1e-4, -1]}, "two positive numbers"),
-        ({**{k: [1e-4, 2e-4] for k in PROBE_KEYS}, PROBE_KEYS[1]: [1e-4]}, "two positive numbers"),
-        ({**{k: [1e-4, 2e-4] for k in PROBE_KEYS}, PROBE_KEYS[2]: [True, 1e-4]}, "two positive numbers"),
-        ({**{k: [1e-4, 2e-4] for k in PROBE_KEYS}, PROBE_KEYS[3]: [math.nan, 1e-4]}, "two positive numbers"),
+        ({**{k: [1e-4, 2e-4] for k in PROBE_KEYS}, PROBE_KEYS[0]: [1e-4, -1]}, "seconds per sample between"),
+        ({**{k: [1e-4, 2e-4] for k in PROBE_KEYS}, PROBE_KEYS[1]: [1e-4]}, "seconds per sample between"),
+        ({**{k: [1e-4, 2e-4] for k in PROBE_KEYS}, PROBE_KEYS[2]: [True, 1e-4]}, "seconds per sample between"),
+        ({**{k: [1e-4, 2e-4] for k in PROBE_KEYS}, PROBE_KEYS[3]: [math.nan, 1e-4]}, "seconds per sample between"),
+        ({**{k: [1e-4, 2e-4] for k in PROBE_KEYS}, PROBE_KEYS[4]: [10**400, 1e-4]}, "seconds per sample between"),
+        ({**{k: [1e-4, 2e-4] for k in PROBE_KEYS}, PROBE_KEYS[5]: [1e-4, 1e-300]}, "seconds per sample between"),
+        ({**{k: [1e-4, 2e-4] for k in PROBE_KEYS}, PROBE_KEYS[6]: [1e-4, 3600]}, "seconds per sample between"),
     ],
 )
 def test_a_malformed_probe_is_refused_with_what_is_wrong(doc, needle):

@@ -11,6 +11,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from django.utils import timezone
 
+from engine.devices import canonical_probe
 from webapp.devices.agents import agent_group
 from webapp.devices.models import Device
 from webapp.devices.protocol import ProtocolError, parse
@@ -47,7 +48,7 @@ def _hello(device: Device, msg: dict) -> dict:
         device.session, device.last_seq = msg["session"], 0
     device.measured = {k: msg.get(k) for k in ("kind", "emulated", "memory_bytes", "gflops", "host_gflops")}
     if msg.get("probe") is not None:  # a board of no known kind: planned with the latency predictor
-        device.measured["probe"] = msg["probe"]
+        device.measured["probe"] = json.loads(canonical_probe(msg["probe"]))  # checked in protocol: only its layers
     device.address = msg.get("address") or ""
     device.last_heartbeat = timezone.now()
     if device.status in (Device.Status.OFFLINE, Device.Status.FAILED):

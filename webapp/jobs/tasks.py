@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 
 from celery import shared_task
@@ -14,6 +15,8 @@ from webapp.jobs.ending import device_lost, fail
 from webapp.jobs.models import Job, JobDevice
 from webapp.jobs.notify import job_log, set_status
 from webapp.jobs.planning import pick_devices, plan_all
+
+log = logging.getLogger(__name__)
 
 
 @shared_task(time_limit=settings.CELERY_TASK_TIME_LIMIT)
@@ -32,6 +35,13 @@ def plan_job(job_id: int) -> str:
     except UserError as exc:
         set_status(job, Job.Status.FAILED, str(exc), None, finished_at=timezone.now())
         job_log(job, f"cannot plan: {exc}", "error")
+        return "failed"
+    except Exception as exc:  # a bug: the job must not stay "planning" forever; the traceback goes to the log
+        log.exception("planning job %s", job_id)
+        set_status(
+            job, Job.Status.FAILED, f"planning failed: {type(exc).__name__}: {exc}", None, finished_at=timezone.now()
+        )
+        job_log(job, f"planning failed unexpectedly ({type(exc).__name__}); see the worker's log", "error")
         return "failed"
     Job.objects.filter(pk=job_id).update(**result)
     job.plan = result["plan"]

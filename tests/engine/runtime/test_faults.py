@@ -220,3 +220,38 @@ def test_healthy_waits_are_bounded_by_the_longest_restore_as_well_as_the_longest
     assert gen.pieces == tuple(pieces) and gen.restore_s == pytest.approx(expect)
     assert gen.longest_wait_s == max(gen.predicted_iteration_s + gen.replication_s, expect)
     assert gen.replication_s > 0
+
+
+def test_a_slowed_probed_device_is_re_planned_from_its_refitted_predictions():
+    """A device of no known kind (planned from its probe) turns 3x slower: the coordinator refits its predictor
+    correction on the step times it measured and re-plans, giving it less of the work."""
+    from engine.devices import Cluster, Device, canonical_probe
+    from engine.plan import Plan
+    from engine.planners import Problem, make_plan
+    from engine.predictor.measure import MEASUREMENTS, load
+    from engine.predictor.probe import PROBE_BATCH, from_measurements
+    from engine.runtime.faults import Slow
+    from engine.workloads import workload
+
+    measured = load(MEASUREMENTS)["configs"]["fp32-2t"]
+    probe = from_measurements({m: v[str(PROBE_BATCH)] for m, v in measured.items()})
+    probe = canonical_probe({k: [t / 20 for t in fb] for k, fb in probe.items()})  # a board 20x this host
+    probed = Device("orin-0", "custom", 8.0, 100.0, probe=probe)
+    cluster = Cluster((probed, Device.of_kind("nx-1", "nx"), Device.of_kind("tx2-2", "tx2")), 1000, name="test")
+    w = workload("mobilenetv2", cluster=cluster)
+    plan = make_plan("asteroid", Problem(w, cluster, 32))
+    assert "orin-0" in plan.device_names
+    events = []
+    options = RunOptions(iterations=8, emulate=True, timeout_s=60)
+    result = train(plan, w, options, events.append, faults=Faults(slow=(Slow("orin-0", 2, 3.0),)))
+    (rep,) = _kinds(events, "repartition")
+    assert rep["speeds"]["orin-0"] == pytest.approx(3.0, rel=0.2) and rep["refitted"] == ["orin-0"]
+    assert len(result.loss) == 8
+
+    def work(doc, name):  # predicted forward+backward seconds per iteration the device computes, unslowed
+        p = Plan.from_dict(doc)
+        return sum(w.compute_s(probed, st.start, st.end) * sh.samples for st in p.stages for sh in st.devices
+                   if sh.name == name)  # fmt: skip
+
+    assert len(result.generations) == 2 and result.generations[1]["reason"].startswith("repartition")
+    assert work(result.generations[1]["plan"], "orin-0") < work(result.generations[0]["plan"], "orin-0") / 2
