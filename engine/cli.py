@@ -71,6 +71,16 @@ def _compression_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _allreduce_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--allreduce",
+        default="off",
+        choices=["off", "fp16", "bf16"],
+        help="the stage's gradient all-reduce in 16-bit floats (torch's DDP compression hooks; half the bytes) or "
+        "float32 (default off)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m engine", description="Plan, simulate and benchmark hybrid pipeline training.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -85,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--refresh-profile", action="store_true", help="profile the model again instead of the cache")
     p.add_argument("--json", action="store_true", help="print the plan JSON (with --method all: every plan)")
     _compression_argument(p)
+    _allreduce_argument(p)
 
     s = sub.add_parser("simulate", help="simulate one 1F1B iteration of a plan file")
     s.add_argument("--plan", required=True, help="a plan JSON file (from `plan --json`, or hand-edited)")
@@ -127,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--eval-samples", type=_positive_int, default=512, help="held-out samples scored, in whole batches (512)"
     )
     _compression_argument(t)
+    _allreduce_argument(t)
     t.add_argument("--seed", type=int, default=0, help="seed of the weights and the batch order")
     t.add_argument("--timeout", type=_positive_float, default=30.0, help="seconds before a silent device is dead")
     t.add_argument("--save", help="write the trained model as one state_dict (torch.save) to this file")
@@ -267,7 +279,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     cluster = load_cluster(args.cluster, args.bandwidth_mbps)
     w = workload(args.model, refresh=args.refresh_profile, optimizer=args.optimizer, cluster=cluster)
-    problem = Problem(w, cluster, args.batch_size)
+    problem = Problem(w, cluster, args.batch_size, allreduce=args.allreduce)
     if args.method != "all":
         plan = fitting_plan(args.method, problem, args.compression)
         print(json.dumps(plan.to_dict(), indent=2) if args.json else plan_table(plan))
@@ -384,7 +396,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         method = doc["method"] if doc["method"] in PLANNERS else "asteroid"
         options = RunOptions.from_dict(doc["options"])
         allowed = parse_compression(options.compression or "off")
-        plan = fitting_plan(method, Problem(w, cluster, doc["batch_size"]), allowed)
+        problem = Problem(w, cluster, doc["batch_size"], allreduce=doc.get("allreduce", "off"))
+        plan = fitting_plan(method, problem, allowed)
         args.iterations, args.replicate_every = options.iterations, doc["replicate_every"]
         args.run_dir = args.resume
         if not args.json:
@@ -395,6 +408,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             raise UserError("give either --plan or --model/--cluster, not both")
         if args.compression[0]:
             raise UserError("a plan file sets its own compression (its 'compression' field): drop --compression")
+        if args.allreduce != "off":
+            raise UserError("a plan file sets its own all-reduce format (its 'allreduce' field): drop --allreduce")
         plan = _read_plan(args.plan)
         w = workload(plan.model, cluster=plan.cluster)
     else:
@@ -404,7 +419,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             raise UserError("a distributed run trains a plan file: pass --plan (every device the same)")
         cluster = load_cluster(args.cluster, args.bandwidth_mbps)
         w = workload(args.model, cluster=cluster)
-        plan = fitting_plan(args.method, Problem(w, cluster, args.batch_size), args.compression)
+        problem = Problem(w, cluster, args.batch_size, allreduce=args.allreduce)
+        plan = fitting_plan(args.method, problem, args.compression)
     plan.validate(w.num_layers)
     if not args.resume:
         options = RunOptions(

@@ -39,7 +39,7 @@ import numpy as np
 from engine import schedule
 from engine.devices import LAYER_OVERHEAD_S, Cluster, Device
 from engine.errors import UserError
-from engine.plan import OFF, Plan, Prediction, gradient_bits
+from engine.plan import ALLREDUCE, OFF, Plan, Prediction, gradient_bits
 
 # FLOP-equivalents to encode and decode one float when no measurement is at hand (about what this host measured).
 DEFAULT_CODEC_WORK = 50.0
@@ -251,9 +251,10 @@ def device_memory(w: Workload, i: int, j: int, in_flight: int, samples: int) -> 
     return w.static_bytes(i, j) + samples * (in_flight * w.saved(i, j) + w.peak(i, j))
 
 
-def allreduce_s(w: Workload, cluster: Cluster, i: int, j: int, group: int) -> float:
-    """Ring all-reduce of the stage's gradients across `group` devices."""
-    return ring_allreduce_s(cluster, w.params(i, j), group)
+def allreduce_s(w: Workload, cluster: Cluster, i: int, j: int, group: int, allreduce: str = "off") -> float:
+    """Ring all-reduce of the stage's gradients across `group` devices, in the `allreduce` wire format
+    (engine.plan.ALLREDUCE: float32, or 16-bit floats at half the bytes)."""
+    return ring_allreduce_s(cluster, w.params(i, j) * ALLREDUCE[allreduce] / 4, group)
 
 
 def allocate(terms: list[StageTerms], counts: list[int], m: int) -> tuple[float, list[list[int]]] | None:
@@ -362,7 +363,7 @@ def score(plan: Plan, w: Workload, replicate_every: int = 0) -> Prediction:
         levels = (plan.level(p - 1) if p else OFF, plan.level(p))
         terms = [stage_terms(w, cluster, cluster.device(s.name), st.start, st.end, held, levels) for s in st.devices]
         times.append(stage_time(terms, [s.samples for s in st.devices]))
-        reduces.append(allreduce_s(w, cluster, st.start, st.end, len(st.devices)))
+        reduces.append(allreduce_s(w, cluster, st.start, st.end, len(st.devices), plan.allreduce))
         for t, s in zip(terms, st.devices):
             memory[s.name] = device_memory(w, st.start, st.end, held, s.samples)
             fits &= memory[s.name] <= cluster.device(s.name).memory_bytes

@@ -12,6 +12,11 @@ LEVELS = (8, 4, 2)
 GRADIENT_MIN_BITS = 8  # gradients tolerate fewer lost bits than activations: they cross at >= 8 bits
 
 
+# The stage's gradient all-reduce: float32 ("off"), or sent as 16-bit floats through torch's DDP communication
+# hooks (fp16_compress_hook / bf16_compress_hook), halving the bytes. Bytes per gradient value on the wire:
+ALLREDUCE = {"off": 4, "fp16": 2, "bf16": 2}
+
+
 def gradient_bits(level: int) -> int:
     """Bits per value of the gradients sent back over a boundary whose activations cross at `level`."""
     return max(level, GRADIENT_MIN_BITS)
@@ -99,6 +104,7 @@ class Plan:
     # Bits per value sent across each stage boundary (activations forward, their gradients back): 8, 4 or 2,
     # or OFF (32: float32, uncompressed). Empty: every boundary uncompressed.
     compression: tuple[int, ...] = ()
+    allreduce: str = "off"  # the stage all-reduce's wire format: a key of ALLREDUCE
 
     def level(self, boundary: int) -> int:
         """The compression level of the boundary after stage `boundary`."""
@@ -153,6 +159,8 @@ class Plan:
         bad = [b for b in self.compression if b not in (OFF, *LEVELS)]
         if bad:
             raise UserError(f'plan: compression levels must be "off", 8, 4 or 2, got {bad[0]!r}')
+        if not isinstance(self.allreduce, str) or self.allreduce not in ALLREDUCE:
+            raise UserError(f"plan: allreduce must be one of {', '.join(ALLREDUCE)}, got {self.allreduce!r}")
         names = self.device_names
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
@@ -180,6 +188,8 @@ class Plan:
         }
         if self.compressed:
             doc["compression"] = ["off" if b >= OFF else b for b in self.compression]
+        if self.allreduce != "off":
+            doc["allreduce"] = self.allreduce
         if self.predicted is not None:
             doc["predicted"] = self.predicted.to_dict()
         return doc
@@ -234,7 +244,10 @@ class Plan:
                 raise UserError(f'plan: compression[{k}] must be "off", 8, 4 or 2, got {b!r}')
             levels.append(b)
         compression = tuple(levels) if any(b < OFF for b in levels) else ()
+        allreduce = doc.get("allreduce", "off")
+        if not isinstance(allreduce, str) or allreduce not in ALLREDUCE:
+            raise UserError(f"plan: field 'allreduce' must be one of {', '.join(ALLREDUCE)}, got {allreduce!r:.40}")
         return cls(
             str(need("method", str)), need("model", str), batch_size, micro_batches, tuple(stages), cluster, predicted,
-            compression,
+            compression, allreduce,
         )  # fmt: skip

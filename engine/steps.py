@@ -68,7 +68,7 @@ def device_steps(plan: Plan, w: Workload) -> dict[str, DeviceSteps]:
         a_in, a_out = w.boundary_bytes(st.start, st.end)
         b_in, b_out = (plan.level(s - 1) if s else OFF), plan.level(s)
         layers = st.end - st.start
-        reduce = allreduce_s(w, cluster, st.start, st.end, len(st.devices))
+        reduce = allreduce_s(w, cluster, st.start, st.end, len(st.devices), plan.allreduce)
 
         def moves(lo: int, hi: int, other: int, nbytes: float) -> tuple[Transfer, ...]:
             if not 0 <= other < S:

@@ -57,6 +57,7 @@ class _Search:
         # Rates no device of a class beats on any layer range: every bound below divides work by them.
         self.speed = [self.w.speed_bound(c[0]) for c in self.classes]
         self.levels = (problem.compression, problem.compression)
+        self.allreduce = problem.allreduce
         self.L = self.w.num_layers
         self.Wp = self.w.work_prefix
         self.costs: dict = {}
@@ -107,7 +108,7 @@ class _Search:
         res = allocate([self.terms(k, i, j, in_flight) for k in ks], [g[k] for k in ks], self.m)
         if res is None:
             return None
-        return res[0], allreduce_s(self.w, self.cluster, i, j, sum(g)), dict(zip(ks, res[1]))
+        return res[0], allreduce_s(self.w, self.cluster, i, j, sum(g), self.allreduce), dict(zip(ks, res[1]))
 
     def _memory_free(self, i: int, j: int, g: tuple[int, ...]) -> tuple:
         """((time, all-reduce) of the best split ignoring memory, the most in-flight micro-batches at which
@@ -137,7 +138,7 @@ class _Search:
                     best = t
                     break
                 q += 1
-        cost = (fixed + best, allreduce_s(w, self.cluster, i, j, sum(g)))
+        cost = (fixed + best, allreduce_s(w, self.cluster, i, j, sum(g), self.allreduce))
         static, saved, peak = w.static_bytes(i, j), w.saved(i, j), w.peak(i, j)
         most = 1 << 30
         for k, _n, c in per:

@@ -145,7 +145,7 @@ def pipedream(problem: Problem) -> Plan:
             a_in, a_out = w.boundary_bytes(i, j)
             compute = w.work(i, j) * m / (n * speed)
             comm = math.ceil(m / n) * (a_in + a_out) / cluster.bytes_per_s
-            return compute + comm + allreduce_s(w, cluster, i, j, n) / M
+            return compute + comm + allreduce_s(w, cluster, i, j, n, problem.allreduce) / M
 
         # A[j][n]: best bottleneck for layers [0, j) on n machines; choice keeps (i, n') of the last stage.
         A = [[math.inf] * (N + 1) for _ in range(L + 1)]

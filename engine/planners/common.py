@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from engine.costmodel import Workload, score
 from engine.devices import Cluster, Device
 from engine.errors import UserError
-from engine.plan import LEVELS, OFF, Plan, Stage
+from engine.plan import ALLREDUCE, LEVELS, OFF, Plan, Stage
 
 # More micro-batches shrink the bubble but cost per-layer overhead; 64 covers every useful split here.
 MAX_MICRO_BATCHES = 64
@@ -27,12 +27,15 @@ class Problem:
     batch_size: int
     max_micro_batches: int = MAX_MICRO_BATCHES
     compression: int = OFF  # bits per value on every stage boundary (engine.planners.levels picks per boundary)
+    allreduce: str = "off"  # the stage all-reduce's wire format (engine.plan.ALLREDUCE)
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
             raise UserError(f"batch size must be a positive integer, got {self.batch_size}")
         if self.compression not in (OFF, *LEVELS):
             raise UserError(f"compression level must be 8, 4, 2 or off, got {self.compression!r}")
+        if not isinstance(self.allreduce, str) or self.allreduce not in ALLREDUCE:
+            raise UserError(f"all-reduce compression must be one of {', '.join(ALLREDUCE)}, got {self.allreduce!r}")
 
     @property
     def micro_batch_options(self) -> list[int]:
@@ -57,7 +60,10 @@ def memory_order(cluster: Cluster) -> list[Device]:
 
 def finish(problem: Problem, method: str, micro_batches: int, stages: list[Stage]) -> Plan:
     """A plan with its prediction from the cost model."""
-    plan = Plan(method, problem.workload.model, problem.batch_size, micro_batches, tuple(stages), problem.cluster)
+    plan = Plan(
+        method, problem.workload.model, problem.batch_size, micro_batches, tuple(stages), problem.cluster,
+        allreduce=problem.allreduce,
+    )  # fmt: skip
     plan = plan.with_compression((problem.compression,) * (len(stages) - 1))
     return plan.with_prediction(score(plan, problem.workload))
 

@@ -553,7 +553,7 @@ class Coordinator:
             method = self.plan.method if self.plan.method in COMPARED else "asteroid"  # hand-made or exhaustive
             # the run's compression: what the user allowed, else its first plan's levels
             levels, auto = parse_compression(self.opts.compression or plan_compression(self.plan.compression))
-            problem = Problem(self._planning_workload(), cluster, self.plan.batch_size)
+            problem = Problem(self._planning_workload(), cluster, self.plan.batch_size, allreduce=self.plan.allreduce)
             plan = plan_compressed(method, problem, levels, auto)
         except NoFeasiblePlan:
             plan = None
@@ -665,6 +665,7 @@ class Coordinator:
         doc = {
             "model": self.plan.model, "method": self.plan.method, "batch_size": self.plan.batch_size,
             "cluster": self.plan.cluster.to_dict(), "options": self.opts.to_dict(), "replicate_every": self.K,
+            "allreduce": self.plan.allreduce,
         }  # fmt: skip
         _atomic(self.run_dir / "run.json", json.dumps(doc, indent=2).encode())
 

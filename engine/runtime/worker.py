@@ -44,7 +44,7 @@ from engine.events import DeviceDone, DeviceStart, Eval, Iteration, Restore, Ste
 from engine.metrics import measured_throughput
 from engine.models import get_model
 from engine.models.randomness import sample_draws
-from engine.plan import OFF, Plan, gradient_bits
+from engine.plan import ALLREDUCE, OFF, Plan, gradient_bits
 from engine.runtime import layerstate
 from engine.runtime.batches import batch_indices, eval_batches, load
 from engine.runtime.control import Generation, Heartbeat, gen_key, get_bytes, key, put_bytes
@@ -95,6 +95,26 @@ class _Waiter:
         if "error" in box:
             raise box["error"]
         return True
+
+
+class _Hooked:
+    """A communication hook's future (torch.futures.Future) as the work `_wait` waits for."""
+
+    def __init__(self, future) -> None:
+        self.future = future
+
+    def is_completed(self) -> bool:
+        return self.future.done()
+
+    def wait(self) -> None:
+        self.future.wait()
+
+
+def _compress_hook(allreduce: str):
+    """torch's DDP communication hook for the stage all-reduce's wire format (engine.plan.ALLREDUCE)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    return {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}[allreduce]
 
 
 @dataclass(frozen=True)
@@ -751,15 +771,22 @@ class _Device:
         start = now()
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         flat = torch.cat([g.reshape(-1) for g in grads])
-        work = self._allreduce(flat, self.stage_group)
+        size = self.stage_group.size()
+        if self.plan.allreduce == "off":
+            work = self._allreduce(flat, self.stage_group)
+        else:  # the hook sends 16-bit floats and averages (as DDP does); the stage sums its devices' gradients
+            hook = _compress_hook(self.plan.allreduce)
+            work = _Hooked(self._post(hook, "an all-reduce", self.stage_group, (flat,)))
         self._fault(k, "all-reduce")
         self._wait(work, "the stage all-reduce")
+        if self.plan.allreduce != "off":
+            flat.mul_(size)
         offset = 0
         for p, g in zip(self.params, grads):
             p.grad = flat[offset : offset + g.numel()].view_as(g)
             offset += g.numel()
-        # ring all-reduce of the real gradient bytes, as the cost model charges it
-        seconds = ring_allreduce_s(self.cluster, flat.numel() * flat.element_size(), self.stage_group.size())
+        # ring all-reduce of the gradient bytes on the wire, as the cost model charges it
+        seconds = ring_allreduce_s(self.cluster, flat.numel() * ALLREDUCE[self.plan.allreduce], size)
         end = self.clock.pad(now(), seconds, compute=False)
         self._event("all-reduce", -1, start, end)
 

@@ -210,6 +210,17 @@ def test_plan_with_compression_records_the_level_per_boundary_and_simulates(caps
     assert json.loads(out)["predicted_iteration_s"] == pytest.approx(four["predicted"]["iteration_s"])
 
 
+def test_plan_with_a_16_bit_all_reduce_records_it_and_predicts_no_slower(capsys):
+    off = plan_json(capsys, "--method", "dp")
+    fp16 = plan_json(capsys, "--method", "dp", "--allreduce", "fp16")
+    assert "allreduce" not in off and fp16["allreduce"] == "fp16"
+    # data parallelism over all of C: the all-reduce of every gradient, now half the bytes
+    assert fp16["predicted"]["iteration_s"] < off["predicted"]["iteration_s"]
+    code, out, err = run(capsys, "plan", "--model", "mobilenetv2", "--cluster", "C", "--batch-size", "64",
+                         "--allreduce", "bf16")  # fmt: skip
+    assert code == 0 and "stage all-reduce: bf16" in out, err
+
+
 @pytest.mark.parametrize("bad", ["3", "auto:3", "fast", ""])
 def test_a_bad_compression_level_is_one_line(capsys, bad):
     with pytest.raises(SystemExit) as exit_info:

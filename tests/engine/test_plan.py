@@ -103,6 +103,8 @@ def mutated(**changes) -> dict:
         (mutated(micro_batches=2.0), "'micro_batches' has the wrong type"),
         (mutated(bandwidth_mbps="fast"), "'bandwidth_mbps' has the wrong type"),
         (mutated(micro_batches=0), "positive"),
+        (mutated(allreduce="int8"), "'allreduce' must be one of off, fp16, bf16"),
+        (mutated(allreduce=["fp16"]), "'allreduce' must be one of"),
         (mutated(cluster={"devices": [{"name": "a", "kind": "orin"}]}), "orin"),
         (mutated(stages=[[0, 20]]), r"stages\[0\] must be an object"),
         (mutated(stages=[{"layers": [0], "devices": []}]), r"stages\[0\]\.layers"),

@@ -66,3 +66,22 @@ def test_the_simulator_charges_the_smaller_transfers_and_the_codec(level):
         assert bytes_time(off) * level / 32 < bytes_time(packed) < bytes_time(off) * 8 / 32
     computes = lambda sim: sum(e.end - e.start for e in sim.events if e.kind in "FB")  # noqa: E731
     assert computes(packed) > computes(off)  # (de)quantisation is paid on the devices
+
+
+def test_a_16_bit_stage_all_reduce_trains_like_float32_and_the_simulator_halves_its_bytes():
+    from dataclasses import replace
+
+    w = model_workload("mobilenetv2")
+    options = RunOptions(iterations=4, lr=0.05, dataset="digits", emulate=False, timeout_s=60)
+    runs = {fmt: train(replace(_plan(()), allreduce=fmt), w, options) for fmt in ("off", "fp16")}
+    assert runs["fp16"].to_dict()["plan"]["allreduce"] == "fp16" and "allreduce" not in runs["off"].to_dict()["plan"]
+    # the middle stage's two devices sum 16-bit gradients: the same training, rounded differently
+    assert runs["fp16"].loss != runs["off"].loss
+    assert runs["fp16"].loss == pytest.approx(runs["off"].loss, rel=0.02)
+    latency = _plan(()).cluster.latency_s
+
+    def reduce_time(fmt: str) -> float:  # the all-reduce's seconds less its two latencies
+        sim = simulate(replace(_plan(()), allreduce=fmt), w)
+        return sum(e.end - e.start - 2 * latency for e in sim.events if e.kind == "all-reduce")
+
+    assert reduce_time("fp16") == pytest.approx(reduce_time("off") / 2)
