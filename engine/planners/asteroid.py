@@ -64,6 +64,7 @@ class _Search:
         self.terms_cache: dict = {}
         self.free_costs: dict = {}
         self.moves_cache: dict = {}
+        self.ranges: dict = {}
 
     def speed_of(self, r: tuple[int, ...]) -> float:
         return sum(c * s for c, s in zip(r, self.speed))
@@ -120,14 +121,9 @@ class _Search:
         fractional water level and that plus one sample of the slowest class; the same products as
         `costmodel.allocate`'s, so the times agree exactly.
         """
-        w, m, cluster = self.w, self.m, self.cluster
-        fixed = stage_fixed_s(cluster, j - i, (i > 0) + (j < self.L))
-        per = []
-        for k in range(len(g)):
-            if g[k]:
-                dev = self.classes[k][0]
-                per_sample = w.compute_s(dev, i, j) + boundary_s(w, cluster, dev, i, j, self.levels)
-                per.append((k, g[k], max(per_sample, 1e-15)))  # what stage_terms gives `allocate`
+        m = self.m
+        fixed, static, saved, peak, per_class = self._range(i, j)
+        per = [(k, n, per_class[k]) for k, n in enumerate(g) if n]
         lowest = max(m / sum(n / c for _k, n, c in per), max(c for _k, _n, c in per))
         best = math.inf
         for _k, _n, c in per:
@@ -138,8 +134,7 @@ class _Search:
                     best = t
                     break
                 q += 1
-        cost = (fixed + best, allreduce_s(w, self.cluster, i, j, sum(g), self.allreduce))
-        static, saved, peak = w.static_bytes(i, j), w.saved(i, j), w.peak(i, j)
+        cost = (fixed + best, allreduce_s(self.w, self.cluster, i, j, sum(g), self.allreduce))
         most = 1 << 30
         for k, _n, c in per:
             n = min(m, math.floor(best / c + 1e-9))  # no device of the class holds more than this
@@ -149,6 +144,20 @@ class _Search:
             if saved:
                 most = min(most, spare // (n * saved))
         return cost, most
+
+    def _range(self, i: int, j: int) -> tuple:
+        """What a stage over layers [i, j) costs whatever its group (computed once per range): its fixed time,
+        static, saved and peak bytes, and each class's seconds per sample (what stage_terms gives `allocate`)."""
+        found = self.ranges.get((i, j))
+        if found is None:
+            w, cluster = self.w, self.cluster
+            per_class = [
+                max(w.compute_s(c[0], i, j) + boundary_s(w, cluster, c[0], i, j, self.levels), 1e-15)
+                for c in self.classes
+            ]
+            fixed = stage_fixed_s(cluster, j - i, (i > 0) + (j < self.L))
+            found = self.ranges[(i, j)] = (fixed, w.static_bytes(i, j), w.saved(i, j), w.peak(i, j), per_class)
+        return found
 
     def run(self, cap: float, relaxed: bool = False) -> tuple[float, list] | None:
         """Best plan with iteration time <= M * cap: (time, [(i, j, g, shares)]) or None.
