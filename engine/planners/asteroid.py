@@ -47,7 +47,7 @@ CLOSE = 0.05  # step until the bounds are this close, then search up to the uppe
 class _Search:
     """One DP for a fixed micro-batch count."""
 
-    def __init__(self, problem: Problem, micro_batches: int, exact: bool):
+    def __init__(self, problem: Problem, micro_batches: int, exact: bool, shared: dict | None = None):
         self.exact = exact
         self.w = problem.workload
         self.cluster = problem.cluster
@@ -61,10 +61,13 @@ class _Search:
         self.L = self.w.num_layers
         self.Wp = self.w.work_prefix
         self.costs: dict = {}
-        self.terms_cache: dict = {}
         self.free_costs: dict = {}
         self.moves_cache: dict = {}
-        self.ranges: dict = {}
+        # What does not depend on the micro-batch count, shared by the searches of one problem.
+        shared = {} if shared is None else shared
+        self.terms_cache: dict = shared.setdefault("terms", {})
+        self.ranges: dict = shared.setdefault("ranges", {})
+        self.allreduces: dict = shared.setdefault("allreduces", {})
 
     def speed_of(self, r: tuple[int, ...]) -> float:
         return sum(c * s for c, s in zip(r, self.speed))
@@ -109,7 +112,15 @@ class _Search:
         res = allocate([self.terms(k, i, j, in_flight) for k in ks], [g[k] for k in ks], self.m)
         if res is None:
             return None
-        return res[0], allreduce_s(self.w, self.cluster, i, j, sum(g), self.allreduce), dict(zip(ks, res[1]))
+        return res[0], self.allreduce_of(i, j, sum(g)), dict(zip(ks, res[1]))
+
+    def allreduce_of(self, i: int, j: int, n: int) -> float:
+        """`costmodel.allreduce_s` of layers [i, j) across n devices, computed once."""
+        key = (i, j, n)
+        found = self.allreduces.get(key)
+        if found is None:
+            found = self.allreduces[key] = allreduce_s(self.w, self.cluster, i, j, n, self.allreduce)
+        return found
 
     def _memory_free(self, i: int, j: int, g: tuple[int, ...]) -> tuple:
         """((time, all-reduce) of the best split ignoring memory, the most in-flight micro-batches at which
@@ -124,17 +135,20 @@ class _Search:
         m = self.m
         fixed, static, saved, peak, per_class = self._range(i, j)
         per = [(k, n, per_class[k]) for k, n in enumerate(g) if n]
-        lowest = max(m / sum(n / c for _k, n, c in per), max(c for _k, _n, c in per))
-        best = math.inf
-        for _k, _n, c in per:
-            q = max(1, math.ceil(lowest / c - 1e-9))
-            while q * c < best:
-                t = q * c
-                if sum(n * min(m, math.floor(t / c2 + 1e-9)) for _k2, n, c2 in per) >= m:
-                    best = t
-                    break
-                q += 1
-        cost = (fixed + best, allreduce_s(self.w, self.cluster, i, j, sum(g), self.allreduce))
+        if len(per) == 1:  # one class: every device takes ceil(m / n) samples (what the loop below finds)
+            best = -(-m // per[0][1]) * per[0][2]
+        else:
+            lowest = max(m / sum(n / c for _k, n, c in per), max(c for _k, _n, c in per))
+            best = math.inf
+            for _k, _n, c in per:
+                q = max(1, math.ceil(lowest / c - 1e-9))
+                while q * c < best:
+                    t = q * c
+                    if sum(n * min(m, math.floor(t / c2 + 1e-9)) for _k2, n, c2 in per) >= m:
+                        best = t
+                        break
+                    q += 1
+        cost = (fixed + best, self.allreduce_of(i, j, sum(g)))
         most = 1 << 30
         for k, _n, c in per:
             n = min(m, math.floor(best / c + 1e-9))  # no device of the class holds more than this
@@ -187,9 +201,16 @@ class _Search:
             in_flight = min(k, M) if k else 1
             # The stages before i ran layers [0, i) on the devices not in r: their times sum to at least
             # this, so the suffix's (M - 1) max + sum + all-reduce must fit in what is left of the bound.
-            used = total_speed - self.speed_of(r)
-            room = bound - (Wp[i] * m / used if i else 0.0)
+            # Their longest stage takes at least as long too (each stage's time is at least its share of
+            # that work over its share of the speed), and so for the stages from i on, on the devices in r.
             Wi, Wl = Wp[i], Wp[L]
+            up = Wi * m / (total_speed - self.speed_of(r)) if i else 0.0
+            us = (Wl - Wi) * m / self.speed_of(r)
+            if (M - 1) * (up if up > us else us) + up + us > bound:
+                memo[key] = front = []
+                return front
+            room = bound - up
+            tail = (M - 1) * up  # at least this much of the (M - 1) max is the prefix's
             after = max(k - 1, 1)  # stages that must follow a middle stage
             for g, sg, rest, sr, n_rest, classes in self.moves(r):
                 lo, hi = L + 1, L - 1  # empty range of middle-stage ends unless some can follow
@@ -201,8 +222,11 @@ class _Search:
                 else:
                     ends = range(lo, hi + 1)
                 for j in ends:
-                    # This stage is M of the iteration's stage-times; the stages after it at least this.
-                    u_max = (room - ((Wl - Wp[j]) * m / sr if j < L else 0.0)) / M
+                    # This stage is M of the iteration's stage-times; the stages after it at least rest_s,
+                    # their longest too; and the (M - 1) max is at least the prefix's or the rest's.
+                    rest_s = (Wl - Wp[j]) * m / sr if j < L else 0.0
+                    most = tail if tail > (M - 1) * rest_s else (M - 1) * rest_s
+                    u_max = min((room - rest_s) / M, room - rest_s - most)
                     work, comm = Wp[j] - Wi, a_in[i] + a_out[j]
                     # Every device pays the same fixed cost; the rest is at best split in proportion.
                     fixed = (j - i) * per_layer + ((i > 0) + (j < L)) * per_boundary
@@ -213,13 +237,14 @@ class _Search:
                         continue
                     u, ar = cost[0], cost[1]
                     if j == L:
-                        if M * u + ar <= room:
+                        if (M - 1) * (u if u > up else up) + u + ar <= room:
                             entries.append((u, u, ar, j, g, -1))
                         continue
                     lim = room - u
+                    floor = u if u > up else up
                     for idx, (U2, S2, A2, *_rest) in enumerate(suffix(j, rest, k - 1 if k else 0)):
                         U, A = (u if u > U2 else U2), (ar if ar > A2 else A2)
-                        if (M - 1) * U + S2 + A <= lim:
+                        if (M - 1) * (U if U > floor else floor) + S2 + A <= lim:
                             entries.append((U, u + S2, A, j, g, idx))
             memo[key] = front = _pareto(entries, M)
             return front
@@ -298,7 +323,8 @@ def plan(problem: Problem, progress: bool = False) -> Plan:
     """The fastest plan under the cost model that fits every device's memory (`progress`: a bar per round)."""
     exact = search_size(problem.cluster, problem.workload) <= EXACT_LIMIT
     # Most micro-batches first: they usually win, and a plan found early tightens the bound for the rest.
-    searches = [_Search(problem, M, exact) for M in reversed(problem.micro_batch_options)]
+    shared: dict = {}
+    searches = [_Search(problem, M, exact, shared) for M in reversed(problem.micro_batch_options)]
     # A round searches every M for plans with T <= bound; the best plan of the first round that finds
     # any is optimal, as every better plan was inside the bound too. Total work over total speed bounds
     # T from below; data parallelism, when it fits, from above. Step between them geometrically, close
