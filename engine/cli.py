@@ -196,11 +196,12 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="run a benchmark and print its tables")
     b.add_argument(
         "name",
-        choices=["planner", "reproduce", "recovery", "compression", "predictor"],
+        choices=["planner", "reproduce", "recovery", "compression", "predictor", "spread"],
         help="planner: planning time and predicted throughput; reproduce: train every method on clusters A-D; "
         "recovery: recovery from killed devices against a checkpoint-restart baseline; compression: training at "
         "each compression level between stages against none; predictor: latency prediction for an unseen device, leave "
-        "one measured configuration out",
+        "one measured configuration out; spread: FTPipeHD's setting (an NX beside boards 10x slower), Asteroid, "
+        "FTPipeHD and the even pipeline trained",
     )
     b.add_argument("--quick", action="store_true", help="a small grid, for a fast look")
     b.add_argument("--timeout", type=_positive_float, default=60.0, help="planner: seconds allowed per cell")
@@ -212,19 +213,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b.add_argument(
         "--models",
-        help="reproduce, recovery, compression: comma-separated models (default: the paper's four; compression: "
-        "mobilenetv2,gpt-small)",
+        help="reproduce, recovery, compression, spread: comma-separated models (default: the paper's four; "
+        "compression: mobilenetv2,gpt-small; spread: mobilenetv2,vgg16,bert-small)",
     )
     b.add_argument(
         "--bandwidths",
         default="1000,100",
-        help="reproduce, recovery, compression: comma-separated Mbps (default 1000,100)",
+        help="reproduce, recovery, compression, spread: comma-separated Mbps (default 1000,100; spread: 1000)",
     )
     b.add_argument("--methods", help="reproduce: comma-separated methods (default: all five)")
     b.add_argument(
         "--iterations",
         type=_positive_int,
-        help="reproduce: iterations per run (default 2); compression: of the accuracy runs (60 for mobilenetv2, 20 "
+        help="reproduce: iterations per run (default 2); spread: per run (default 4); compression: of the accuracy "
+        "runs (60 for mobilenetv2, 20 "
         "for gpt-small); recovery: iterations per run (default 10, "
         "the failure in iteration 6, or the one before the last in shorter runs)",
     )

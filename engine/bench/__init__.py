@@ -1,5 +1,5 @@
-"""Benchmarks, kept apart from the library: `python -m engine bench planner|reproduce|recovery|compression|predictor`
-(arguments in engine/cli.py).
+"""Benchmarks, kept apart from the library: `python -m engine bench planner|reproduce|recovery|compression|predictor|
+spread` (arguments in engine/cli.py).
 
 planner.py: planning time and every method's predicted throughput; reproduce.py: every method trained on emulated
 clusters A-D, and its summaries as plain data; render.py: those summaries as markdown and a Plotly figure.
@@ -17,7 +17,8 @@ from engine.errors import UserError
 def run(args: argparse.Namespace) -> str:
     """The markdown report of the benchmark `args.name`, from the `python -m engine bench` arguments."""
     benches = {"planner": run_planner, "reproduce": run_reproduce, "recovery": run_recovery}
-    return {**benches, "compression": run_compression, "predictor": run_predictor}[args.name](args)
+    benches |= {"compression": run_compression, "predictor": run_predictor, "spread": run_spread}
+    return benches[args.name](args)
 
 
 def run_planner(args: argparse.Namespace) -> str:
@@ -176,3 +177,22 @@ def run_predictor(args: argparse.Namespace) -> str:
         for path in predictor.figure(results, Path(args.figure)):
             print(f"figure written to {path}", file=sys.stderr)
     return predictor.report(results, doc, command)
+
+
+def run_spread(args: argparse.Namespace) -> str:
+    """FTPipeHD's 10x spread, every model trained with Asteroid, FTPipeHD and the even pipeline (quick: mobilenetv2)."""
+    from engine.bench import spread
+
+    names = [m.strip() for m in (args.models or ",".join(spread.MODELS)).split(",") if m.strip()]
+    unknown = [m for m in names if m not in spread.MODELS]
+    if unknown or not names:
+        raise UserError(f"--models takes some of {', '.join(spread.MODELS)} here, got {args.models!r}")
+    if args.quick and not args.models:
+        names = ["mobilenetv2"]
+    bandwidths = _bandwidths(args.bandwidths if args.bandwidths != "1000,100" else "1000")
+    iterations = args.iterations or spread.ITERATIONS
+    if iterations < 2:
+        raise UserError("bench spread needs --iterations of at least 2 (the first is left out of the throughput)")
+    command = "python -m engine " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["bench"] else "bench spread"
+    runs = spread.spread_bench({m: spread.MODELS[m] for m in names}, bandwidths, iterations)
+    return spread.report(runs, command, iterations)

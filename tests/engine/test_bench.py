@@ -54,3 +54,27 @@ def test_recovery_report_keeps_real_and_device_seconds_apart():
     assert "| 3.0x | 2.0x | 1.00 | 2 | 0 |" in text
     assert "recovery failed: x" in text and "| 0.98 |" in text
     assert "| C | mobilenetv2 | 1000 | 0.300 | 0.250 | 0.100 | 60 | 4.8% |" in text
+
+
+def test_spread_cluster_is_one_nx_beside_boards_ten_times_slower():
+    from engine.bench.spread import SPREAD, spread_cluster
+
+    cluster = spread_cluster(100.0)
+    fast, *slow = cluster.devices
+    assert fast.kind == "jetson-xavier-nx" and len(slow) == 3 and cluster.bandwidth_mbps == 100.0
+    assert all(fast.gflops / d.gflops == SPREAD and d.memory_bytes == fast.memory_bytes for d in slow)
+
+
+def test_spread_run_trains_the_even_pipeline_and_the_report_gives_measured_ratios():
+    from engine.bench.spread import Run, report, run_one
+
+    even = run_one("mobilenetv2", 8, 1000.0, "even", iterations=2)
+    assert not even.error, even.error
+    assert even.shape.count(">") == 3 and even.shape.startswith("nx-0 [0, ")  # one device per stage, in order
+    assert even.measured > 0 and 0.5 < even.measured / even.predicted < 2
+    ft = Run("mobilenetv2", 8, 1000.0, "ftpipehd", "x", 2, 300.0, 3 * even.measured, 900.0)
+    ours = Run("mobilenetv2", 8, 1000.0, "asteroid", "y", 1, 400.0, 4 * even.measured, 900.0)
+    failed = Run("vgg16", 8, 1000.0, "even", error="its best plan does not fit in memory")
+    text = report([ours, ft, even, failed], "bench spread")
+    assert "| mobilenetv2 | 1000 | 3.00x | 1.33x | 4.00x |" in text
+    assert "failed: its best plan does not fit in memory" in text and "| vgg16 | 1000 | n/a | n/a | n/a |" in text

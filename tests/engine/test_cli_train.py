@@ -114,6 +114,8 @@ def test_one_process_per_rank_with_a_rendezvous(plan_file, profile_cache):
         (["bench", "reproduce", "--clusters", "AQ"], "--clusters takes letters of ABCD"),
         (["bench", "reproduce", "--bandwidths", "fast"], "--bandwidths takes comma-separated numbers"),
         (["bench", "reproduce", "--models", "nope"], "unknown model 'nope'"),
+        (["bench", "spread", "--models", "resnet50"], "--models takes some of mobilenetv2, vgg16, bert-small"),
+        (["bench", "spread", "--iterations", "1"], "bench spread needs --iterations of at least 2"),
     ],
 )
 def test_train_errors_are_one_line(capsys, argv, needle):
