@@ -42,13 +42,19 @@ EXACT_LIMIT = 1000
 GROWTH = 1.3  # without an upper bound, how much the iteration-time bound loosens per round
 STEP = 0.3  # fraction (in log scale) of the way from the lower to the upper bound each round
 CLOSE = 0.05  # step until the bounds are this close, then search up to the upper bound
+# Deeper models first get an upper bound from a blocked search (see `plan`): cuts between this many blocks.
+DEEP_LAYERS, LAYER_BLOCKS = 100, 24
+REFINE_PASSES = 4  # at most this many rounds of moving the blocked plan's cuts
 
 
 class _Search:
     """One DP for a fixed micro-batch count."""
 
-    def __init__(self, problem: Problem, micro_batches: int, exact: bool, shared: dict | None = None):
+    def __init__(self, problem: Problem, micro_batches: int, exact: bool, shared: dict | None = None, cuts=None):
         self.exact = exact
+        # Where stages may end, besides the last layer: None (anywhere), a sorted list for every stage, or a
+        # dict from the count of stages still to go (this one included) to such a list (or None).
+        self.cuts = cuts
         self.w = problem.workload
         self.cluster = problem.cluster
         self.M = micro_batches
@@ -64,7 +70,7 @@ class _Search:
         self.free_costs: dict = {}
         self.moves_cache: dict = {}
         # What does not depend on the micro-batch count, shared by the searches of one problem.
-        shared = {} if shared is None else shared
+        self.shared = shared = {} if shared is None else shared
         self.terms_cache: dict = shared.setdefault("terms", {})
         self.ranges: dict = shared.setdefault("ranges", {})
         self.allreduces: dict = shared.setdefault("allreduces", {})
@@ -173,8 +179,9 @@ class _Search:
             found = self.ranges[(i, j)] = (fixed, w.static_bytes(i, j), w.saved(i, j), w.peak(i, j), per_class)
         return found
 
-    def run(self, cap: float, relaxed: bool = False) -> tuple[float, list] | None:
-        """Best plan with iteration time <= M * cap: (time, [(i, j, g, shares)]) or None.
+    def run(self, cap: float, relaxed: bool = False, stages: int = 0) -> tuple[float, list] | None:
+        """Best plan with iteration time <= M * cap (of exactly `stages` stages if given): (time,
+        [(i, j, g, shares)]) or None.
 
         `relaxed` charges every stage one in-flight micro-batch of activations instead of its 1F1B
         count: a weaker memory constraint, so no worse than the truth, and the state needs no stage
@@ -212,15 +219,15 @@ class _Search:
             room = bound - up
             tail = (M - 1) * up  # at least this much of the (M - 1) max is the prefix's
             after = max(k - 1, 1)  # stages that must follow a middle stage
+            cuts = self.cuts.get(k) if isinstance(self.cuts, dict) else self.cuts
             for g, sg, rest, sr, n_rest, classes in self.moves(r):
                 lo, hi = L + 1, L - 1  # empty range of middle-stage ends unless some can follow
                 if k != 1 and n_rest >= after:
                     hi = min(bisect_right(Wp, Wi + limit * sg / m) - 1, L - after)
                     lo = max(bisect_left(Wp, Wl - limit * sr / m), i + 1)
+                ends = range(lo, hi + 1) if cuts is None else cuts[bisect_left(cuts, lo) : bisect_right(cuts, hi)]
                 if k <= 1 and (Wl - Wi) * m <= limit * sg:
-                    ends = [*range(lo, hi + 1), L]  # the last stage too
-                else:
-                    ends = range(lo, hi + 1)
+                    ends = [*ends, L]  # the last stage too
                 for j in ends:
                     # This stage is M of the iteration's stage-times; the stages after it at least rest_s,
                     # their longest too; and the (M - 1) max is at least the prefix's or the rest's.
@@ -251,7 +258,7 @@ class _Search:
 
         full = tuple(len(c) for c in self.classes)
         best = None
-        for k in [0] if relaxed else range(1, min(sum(full), L) + 1):
+        for k in [0] if relaxed else [stages] if stages else range(1, min(sum(full), L) + 1):
             for idx, (U, S, A, *_rest) in enumerate(suffix(0, full, k)):
                 t = S + (M - 1) * U + A
                 if best is None or t < best[0]:
@@ -320,17 +327,41 @@ def _to_stages(search: _Search, layout: list) -> list[Stage]:
 
 
 def plan(problem: Problem, progress: bool = False) -> Plan:
-    """The fastest plan under the cost model that fits every device's memory (`progress`: a bar per round)."""
+    """The fastest plan under the cost model that fits every device's memory (`progress`: a bar per round).
+
+    A model deeper than DEEP_LAYERS is first planned with cuts only between LAYER_BLOCKS blocks of layers,
+    then each cut of that plan moved within a block either way (`_refine`): a plan of the full space a few
+    per cent from the optimum, found in a fraction of the time. One full search bounded by its time then
+    finds the optimum, skipping the rounds below it and searching a much tighter bound than they would reach.
+    """
     exact = search_size(problem.cluster, problem.workload) <= EXACT_LIMIT
     # Most micro-batches first: they usually win, and a plan found early tightens the bound for the rest.
+    options = list(reversed(problem.micro_batch_options))
     shared: dict = {}
-    searches = [_Search(problem, M, exact, shared) for M in reversed(problem.micro_batch_options)]
+    upper = None
+    if problem.workload.num_layers > DEEP_LAYERS:
+        cuts = _block_cuts(problem)
+        try:
+            blocked = _optimise(problem, [_Search(problem, M, exact, shared, cuts) for M in options], progress)
+            upper = _refine(problem, exact, cuts, blocked)
+        except NoFeasiblePlan:
+            pass  # no blocked plan fits; a plan with other cuts may: the full search says
+    searches = [_Search(problem, M, exact, shared) for M in options]
+    found = _optimise(problem, searches, progress, upper)
+    return finish(problem, "asteroid", found[1].M, _to_stages(found[1], found[2]))
+
+
+def _optimise(problem: Problem, searches: list[_Search], progress: bool, upper: tuple | None = None) -> tuple:
+    """The best (time, search, layout) over every micro-batch count, in rounds of loosening bounds; `upper`, a
+    (time, ...) of a plan in the searches' space, bounds the first round."""
     # A round searches every M for plans with T <= bound; the best plan of the first round that finds
     # any is optimal, as every better plan was inside the bound too. Total work over total speed bounds
     # T from below; data parallelism, when it fits, from above. Step between them geometrically, close
     # to the lower bound: a round that finds nothing is cheap, a round with a loose bound is slow.
     floor = lo = min(s.lower_bound() * s.M for s in searches)
     hi = _data_parallel_time(problem)
+    if upper is not None and upper[0] < hi:
+        lo = hi = upper[0]  # one round up to that plan's time finds the optimum
     rounds = 0
     while True:
         rounds += 1
@@ -345,16 +376,45 @@ def plan(problem: Problem, progress: bool = False) -> Plan:
         if found:
             plan = finish(problem, "asteroid", found[1].M, _to_stages(found[1], found[2]))
             if plan.predicted.fits:
-                return plan  # the relaxation's optimum is feasible, so it is the optimum
+                return found  # the relaxation's optimum is feasible, so it is the optimum
             found = _round(searches, bound, relaxed=False, label=label + " (full memory)", progress=progress)
             if found:
-                return finish(problem, "asteroid", found[1].M, _to_stages(found[1], found[2]))
+                return found
         if bound >= hi:
             raise NoFeasiblePlan(
                 f"model {problem.workload.model!r} at batch size {problem.batch_size} does not fit in the memory "
                 f"of cluster {problem.cluster.name!r}"
             )
         lo = bound
+
+
+def _block_cuts(problem: Problem) -> list[int]:
+    """LAYER_BLOCKS blocks of about equal work, each cut after its layer of smallest output (least to send)."""
+    w, L = problem.workload, problem.workload.num_layers
+    Wp = w.work_prefix
+    edges = [0, *(bisect_left(Wp, Wp[L] * b / LAYER_BLOCKS) for b in range(1, LAYER_BLOCKS)), L]
+    blocks = [range(max(a, 1), min(b, L - 1) + 1) for a, b in itertools.pairwise(edges)]
+    return sorted({min(js, key=lambda j: w.output_bytes[j - 1]) for js in blocks if js})
+
+
+def _refine(problem: Problem, exact: bool, cuts: list[int], found: tuple) -> tuple:
+    """Move every cut of a blocked plan (time, search, layout) up to one block either way, all at once (same
+    stage count and micro-batches, any groups); again around the new cuts while that helps."""
+    L = problem.workload.num_layers
+    reach = max(b - a for a, b in itertools.pairwise([0, *cuts, L]))
+    for _ in range(REFINE_PASSES):
+        time, search, layout = found
+        P = len(layout)
+        windows = {
+            P - p: list(range(max(j - reach, 1), min(j + reach, L - 1) + 1))
+            for p, (_i, j, *_) in enumerate(layout[:-1])
+        }
+        refined = _Search(problem, search.M, exact, search.shared, windows)
+        better = refined.run(time / search.M, relaxed=False, stages=P)
+        if better is None or better[0] >= time * (1 - 1e-9):
+            break
+        found = (better[0], refined, better[1])
+    return found
 
 
 def _round(searches: list[_Search], bound: float, relaxed: bool, label: str, progress: bool):

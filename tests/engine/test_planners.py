@@ -178,6 +178,40 @@ def test_restricted_search_is_never_better_and_exact_on_one_device_class(monkeyp
     assert math.isclose(restricted.predicted.iteration_s, optimum.predicted.iteration_s, rel_tol=1e-9)
 
 
+def test_the_blocked_upper_bound_of_deep_models_keeps_the_optimum(monkeypatch):
+    # Deep models are first planned on blocks of layers and refined; that plan only bounds the full search,
+    # so with every model treated as deep (blocks of one or two layers here) the answers stay the oracle's.
+    monkeypatch.setattr(asteroid, "DEEP_LAYERS", 2)
+    monkeypatch.setattr(asteroid, "LAYER_BLOCKS", 2)
+    bounded = 0
+    for seed in range(30):
+        problem, plans = solved_instance(seed)
+        oracle = plans["exhaustive"]
+        if oracle is None:
+            with pytest.raises(NoFeasiblePlan):
+                asteroid.plan(problem)
+            continue
+        best = asteroid.plan(problem)
+        assert math.isclose(best.predicted.iteration_s, oracle.predicted.iteration_s, rel_tol=1e-6), seed
+        bounded += 1
+    assert bounded >= 20
+
+
+def test_refining_a_blocked_plan_moves_its_cuts_and_never_slows_it():
+    from engine.bench.planner import synthetic_cluster, synthetic_workload
+
+    problem = Problem(synthetic_workload(40), synthetic_cluster(4), 64)
+    cuts = asteroid._block_cuts(problem)
+    assert 0 < len(cuts) <= asteroid.LAYER_BLOCKS - 1 and all(0 < c < 40 for c in cuts)
+    searches = [asteroid._Search(problem, M, True, None, cuts) for M in reversed(problem.micro_batch_options)]
+    blocked = asteroid._optimise(problem, searches, False)
+    assert {j for _i, j, *_ in blocked[2][:-1]} <= set(cuts)
+    refined = asteroid._refine(problem, True, cuts, blocked)
+    assert refined[0] <= blocked[0] and len(refined[2]) == len(blocked[2])
+    optimum = asteroid.plan(problem).predicted.iteration_s
+    assert optimum <= refined[0] * (1 + 1e-9)
+
+
 def test_device_classes_are_ordered_by_memory_then_speed():
     classes = device_classes(load_cluster("C"))
     assert [[d.name for d in c] for c in classes] == [["nx-0"], ["tx2-0", "tx2-1"], ["nano-0", "nano-1", "nano-2"]]
