@@ -210,9 +210,11 @@ class JobStopped(Event):
     """A device's part of a job ended without `device-done` or `device-error` of its own."""
 
     TYPE = "job-stopped"
+    UNSAID = ("why",)
 
     device: str
     reason: str  # cancelled, agent-stopped, rejected, died
+    why: str = ""  # how a process that died ended: "died (SIGKILL)" (a coordinated run's lost device)
 
 
 @dataclass(frozen=True)
@@ -246,13 +248,14 @@ class Replan(Event):
     """Generation `generation` trains `plan`; planning it took `planning_real_s`."""
 
     TYPE = "replan"
-    NON_NEGATIVE = ("generation", "planning_real_s", "predicted_throughput")
+    NON_NEGATIVE = ("generation", "planning_real_s", "predicted_throughput", "start")
 
     generation: int
     plan: dict
     planning_real_s: float
     reason: str  # lost, left, joined, repartition, resumed
     predicted_throughput: float = 0.0
+    start: int = 0  # the iterations already done when it starts (it trains iteration start + 1 on)
 
 
 @dataclass(frozen=True)
@@ -307,6 +310,7 @@ class Recovered(Event):
     throughput_before: float = 0.0
     throughput_after: float = 0.0
     summary: str = ""
+    iteration: int = 0  # the interrupted iteration (1-based), completed again
 
 
 @dataclass(frozen=True)

@@ -142,6 +142,10 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 ASTEROID_HEARTBEAT_S = env_int("ASTEROID_HEARTBEAT_S", 5, minimum=1)  # agents send one this often
 ASTEROID_MISSED_HEARTBEATS = 3  # a device this many heartbeats late is offline
 ASTEROID_ACCEPT_TIMEOUT_S = env_int("ASTEROID_ACCEPT_TIMEOUT_S", 60, minimum=1)  # for agents to accept a launch
+# The address agents' device processes reach a job's store at (the coordinators process hosts it on every
+# interface, on a free port): 127.0.0.1 for emulated devices, the site's LAN address for real boards.
+ASTEROID_STORE_HOST = env_str("ASTEROID_STORE_HOST", "127.0.0.1")
+ASTEROID_DETECT_S = env_int("ASTEROID_DETECT_S", 2, minimum=1)  # a device process silent this long is lost
 ASTEROID_RUN_TIMEOUT_S = env_int("ASTEROID_RUN_TIMEOUT_S", 60, minimum=1)  # the runtime's rendezvous timeout
 ASTEROID_AGENT_MAX_MESSAGE = 256 * 1024  # bytes of one agent message; larger ones are rejected
 # Events one agent may send per second on average (twice that in a burst); more wait, none are lost.

@@ -1,7 +1,8 @@
 """Start the whole site on one machine: `python -m webapp.startsite` (what `make run` does).
 
 Starts an embedded Redis unless REDIS_URL is set, applies migrations, makes sure an `admin` account exists,
-then runs daphne (webapp.asgi), a Celery worker with beat (planning, health checks) and one emulated device
+then runs daphne (webapp.asgi), a Celery worker with beat (planning, health checks), the jobs' coordinators
+(`manage.py coordinators`) and one emulated device
 agent per device of cluster `ASTEROID_CLUSTER` (default C; `none` for no agents), until Ctrl-C or SIGTERM,
 and stops everything it started. The agents enroll like real boards: the launcher registers their devices
 and hands each a one-time enrollment token; their credentials are kept in var/agents/. Settings are read
@@ -165,6 +166,8 @@ def serve(port: int, redis_url: str, redis_note: str, admin_password: str | None
         procs["celery worker"] = spawn(
             [python, *worker, "worker", "--beat", "--loglevel=WARNING", "--concurrency=2"], env=env
         )
+        # every running job's coordinator: the run's store, its recoveries (webapp/jobs/coordinating.py)
+        procs["coordinators"] = spawn([python, str(settings.BASE_DIR / "manage.py"), "coordinators"], env=env)
         procs["daphne"] = spawn(
             [python, "-m", "daphne", "-b", HOST, "-p", str(port), "webapp.asgi:application"], env=env
         )

@@ -28,6 +28,7 @@ urlpatterns = [
     path("jobs/<int:job_id>/launch/", jobs.job_launch, name="job-launch"),
     path("jobs/<int:job_id>/live/", jobs.job_live, name="job-live"),
     path("jobs/<int:job_id>/cancel/", jobs.job_cancel, name="job-cancel"),
+    path("jobs/<int:job_id>/devices/<str:action>/", jobs.job_device_action, name="job-device-action"),
     path("jobs/<int:job_id>/model.pt", jobs.job_model, name="job-model"),
     path("jobs/<int:job_id>/trace.json", jobs.job_trace, name="job-trace"),
     path("profile/", accounts.profile, name="profile"),
@@ -38,6 +39,7 @@ urlpatterns = [
     path("api/jobs/<int:job_id>/", jobs_api.job),
     path("api/jobs/<int:job_id>/launch/", jobs_api.launch),
     path("api/jobs/<int:job_id>/cancel/", jobs_api.cancel),
+    re_path(r"^api/jobs/(?P<job_id>[0-9]+)/(?P<action>remove|add|kill)/$", jobs_api.device_action),
     path("api/agent/enroll/", devices_api.enroll),
     path("api/agent/jobs/<int:job_id>/part/", jobs_api.upload_part),
     re_path(r"^api/", api_errors.not_found),  # after every API route: the rest of /api/ is a JSON 404

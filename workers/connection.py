@@ -202,6 +202,11 @@ class Connection:
                     self.runner.refuse(msg.get("job"), str(exc))
             elif kind == "cancel":
                 self.runner.cancel(msg.get("job"))
+            elif kind == "kill":
+                try:
+                    self.runner.kill(msg.get("job"))
+                except UserError as exc:
+                    log.warning("cannot kill: %s", exc)
             elif kind == "error":
                 log.warning("the site rejected a message: %s", msg.get("message"))
             else:

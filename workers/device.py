@@ -125,20 +125,36 @@ class Runner:
         return {"type": "accepted", "job": job, "port": port}
 
     def start(self, msg: dict) -> None:
-        """Start the device process against the store at `host:port`; returns at once."""
+        """Start the device process against the store at `host:port`; returns at once. A `coordinated` start
+        (the site's coordinator spawns this device into generation `generation` as `name`) carries the plan
+        and the options itself: it needs no `assign` before it (a standby device, a join, a resumed run)."""
         job, host, port = msg.get("job"), msg.get("host"), msg.get("port")
         if not isinstance(host, str) or not host or type(port) is not int or not 0 < port < 65536:
             raise UserError(f"start of job {job} needs a host and a port, got {host!r}:{port!r}")
+        coordinated = msg.get("coordinated") is True
+        spawned = _coordinated_config(msg, host, port) if coordinated else None
         with self._lock:
+            if coordinated and self._job not in (None, job):
+                raise UserError(f"this device is busy with job {self._job}")
+            if coordinated and self._thread is None:
+                self._job, self._name, self._cfg, self._port = job, spawned.name, spawned, None
             if job != self._job or self._cfg is None:
                 raise UserError(f"start of job {job}, which this device has not accepted")
             if self._thread is not None:
                 return  # already started (a repeated start after a reconnect)
-            cfg = replace(self._cfg, host=host, port=port)
+            cfg = self._cfg if coordinated else replace(self._cfg, host=host, port=port)
             self._thread = threading.Thread(
                 target=self._supervise, args=(job, cfg), name=f"device-job-{job}", daemon=True
             )
             self._thread.start()
+
+    def kill(self, job) -> None:
+        """SIGKILL `job`'s device process (fault injection by the site's staff): it is reported as died."""
+        with self._lock:
+            if job != self._job or self._procs is None:
+                raise UserError(f"job {job} has no device process running here")
+            self._procs.kill()
+        log.warning("job %s: device process killed (SIGKILL) at the site's request", job)
 
     def cancel(self, job) -> None:
         """Stop `job`'s device process; a `job-stopped` event reports it (at once when it had not started)."""
@@ -213,7 +229,8 @@ class Runner:
             self._relay(job, ev, seen)
         procs.close()
         code = procs.exitcode(self._name)
-        self._finish(job, code, seen, f"device process {procs.why(self._name)} without reporting an error")
+        how = procs.why(self._name)  # "died (SIGKILL)"
+        self._finish(job, code, seen, how if cfg.coordinated else f"device process {how} without reporting an error")
 
     def _relay(self, job, ev: dict, seen: _Seen) -> None:
         kind = ev.get("type")
@@ -249,13 +266,17 @@ class Runner:
     def _finish(self, job, code: int | None, seen: _Seen, failure: str) -> None:
         """Report how the run ended (`failure`: what to say when the process failed silently); back to idle."""
         name, reason = self._name, self._stop_reason
+        why = ""
         if reason is None and code != 0 and not seen.error:
-            self.outbox.add(job, DeviceError(name, seen.iteration, failure).to_message())
+            if self._cfg.coordinated:  # a lost device, for the coordinator to recover from: not an error of its own
+                why = failure
+            else:
+                self.outbox.add(job, DeviceError(name, seen.iteration, failure).to_message())
             log.warning("job %s: %s", job, failure)
             reason = "died"
         # A cancel always gets its reply; an agent stopping just after the device finished ended nothing.
         if reason == "cancelled" or (reason is not None and not seen.done):
-            self.outbox.add(job, JobStopped(name, reason).to_message())
+            self.outbox.add(job, JobStopped(name, reason, why).to_message())
         log.info("job %s: finished (%s)", job, reason or ("done" if seen.done else f"exit status {code}"))
         with self._lock:
             self._clear()
@@ -266,6 +287,23 @@ class _Seen:
 
     def __init__(self) -> None:
         self.iteration, self.error, self.done = -1, False, False
+
+
+def _coordinated_config(msg: dict, host: str, port: int):
+    """The device process's config from a coordinated `start`; UserError when a field is missing or wrong."""
+    from engine.plan import Plan
+    from engine.runtime.options import RunOptions
+    from engine.runtime.worker import DeviceConfig
+
+    name, generation, predicted = msg.get("name"), msg.get("generation"), msg.get("predicted_iteration_s")
+    if not isinstance(name, str) or not name or type(generation) is not int or generation < 0:
+        raise UserError(f"a coordinated start of job {msg.get('job')} needs a device name and a generation")
+    if not isinstance(predicted, (int, float)) or not 0 < predicted < 1e6:
+        raise UserError(f"a coordinated start of job {msg.get('job')} needs a positive predicted_iteration_s")
+    plan = Plan.from_dict(msg.get("plan"))
+    options = replace(RunOptions.from_dict(msg.get("options") or {}), generation=generation)
+    return DeviceConfig(plan, None, 0, host, port, options, predicted_iteration_s=float(predicted), coordinated=True,
+                        name=name)  # fmt: skip
 
 
 def _profiled(model: str, cluster):

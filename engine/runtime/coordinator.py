@@ -16,13 +16,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import queue
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 import torch.distributed as dist
@@ -47,7 +48,7 @@ from engine.planners.levels import plan_compressed
 from engine.runtime import layerstate
 from engine.runtime.control import Generation, gen_key, get_bytes, has_bytes, key, put_bytes
 from engine.runtime.emulation import group_timeout
-from engine.runtime.faults import Faults
+from engine.runtime.faults import Faults, Join, Leave
 from engine.runtime.options import RunOptions
 from engine.runtime.processes import Collector, DeviceProcesses
 from engine.runtime.recovery import CENTRAL, Copy, layer_text, restore_pieces, rollback_point, seed_copy
@@ -115,8 +116,21 @@ def check_replicas_fit(plan: Plan, w: Workload, K: int) -> None:
         )
 
 
+class Fleet(Protocol):
+    """Where the devices' processes run: `DeviceProcesses` on this host (`train`), or a site's agents."""
+
+    def spawn(self, name: str, target: Callable, cfg) -> None: ...
+    def get(self, timeout: float) -> dict | None: ...
+    def drain(self) -> Iterator[dict]: ...
+    def exitcode(self, name: str) -> int | None: ...
+    def why(self, name: str) -> str: ...
+    def kill_one(self, name: str) -> None: ...
+    def __enter__(self) -> Fleet: ...
+    def __exit__(self, *exc) -> None: ...
+
+
 class Coordinator:
-    """One run's coordinator (in `train` it is the launcher process)."""
+    """One run's coordinator (in `train` it is the launcher process; on the site, its coordinators process)."""
 
     def __init__(
         self,
@@ -130,6 +144,8 @@ class Coordinator:
         detect_s: float = 2.0,
         resume: dict | None = None,
         on_pids: Callable[[dict], None] | None = None,
+        fleet: Fleet | None = None,
+        store_host: str = "127.0.0.1",
     ):
         if options.compression is None:  # kept in run.json, so that a resumed run re-plans with it too
             options = replace(options, compression=plan_compression(plan.compression))
@@ -161,12 +177,17 @@ class Coordinator:
         self.drift = 0
         self.resume = resume
         self.joined = 0
+        self.fleet = fleet  # None: one local process per device (`train`); a site passes its agents' fleet
+        self.store_host = store_host  # the address the devices reach the store at
+        self.stop_reason = ""  # set by `stop` (another thread): the run ends, failed with this reason
+        self.requests: queue.SimpleQueue = queue.SimpleQueue()  # leaves and joins asked from other threads
 
     # -- set-up -------------------------------------------------------------------------------------------
 
     def _start_store(self) -> None:
         timeout = timedelta(seconds=self.opts.timeout_s)
-        self.store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timeout, wait_for_workers=False)
+        # a server store listens on every interface; the devices are told `store_host`
+        self.store = dist.TCPStore(self.store_host, 0, None, True, timeout=timeout, wait_for_workers=False)
 
     def _spawn(self, name: str, generation: int) -> None:
         from engine.runtime.worker import DeviceConfig, run_device
@@ -174,12 +195,11 @@ class Coordinator:
         self.beats.pop(name, None)  # a device the plan left out earlier may be started again
         self.done.discard(name)
         cfg = DeviceConfig(
-            self.plan, None, 0, "127.0.0.1", self.store.port, replace(self.opts, generation=generation),
+            self.plan, None, 0, self.store_host, self.store.port, replace(self.opts, generation=generation),
             predicted_iteration_s=score(self.plan, self.w).iteration_s, coordinated=True, name=name,
             fails=self.faults.fails_of(name),
         )  # fmt: skip
-        self.procs.add(name, run_device, cfg)
-        self.procs.procs[name].start()
+        self.procs.spawn(name, run_device, cfg)
 
     def _publish(self, gen: Generation, central_pieces: dict[int, bytes]) -> None:
         for i, data in central_pieces.items():
@@ -248,7 +268,7 @@ class Coordinator:
 
     def run(self) -> Collector:
         self._start_store()
-        self.procs = DeviceProcesses()
+        self.procs = self.fleet if self.fleet is not None else DeviceProcesses()
         self._write_run()
         with self.procs:
             if self.resume is not None:
@@ -276,12 +296,20 @@ class Coordinator:
                 self._event(ev)
         return self.collected
 
+    def stop(self, reason: str) -> None:
+        """End the run from another thread (a cancelled job): the devices are told, `run` raises RunFailed."""
+        self.stop_reason = reason
+
     def _loop(self) -> None:
         last_event = time.monotonic()
         last_poll = 0.0
         while True:
             ev = self.procs.get(timeout=0.05)
             t = time.monotonic()
+            if self.stop_reason:
+                raise self._fail(self.stop_reason)
+            while self.recovery is None and not self.requests.empty():  # after a recovery, not during one
+                self.requests.get()()
             if ev is not None:
                 last_event = t
                 self._event(ev)
@@ -355,6 +383,7 @@ class Coordinator:
                 restore_device_s=restore, replay_device_s=sum(replayed), iterations_lost=0,
                 throughput_before=r.throughput_before, throughput_after=ev["throughput"],
                 summary=f"{r.summary}; recovered in {real:.1f} s real / {restore + sum(replayed):.2f} s device",
+                iteration=ev["iteration"] + 1,
             ).to_message()  # fmt: skip
             self.recoveries.append(rec)
             self.recovery = None
@@ -469,9 +498,7 @@ class Coordinator:
         failed_at = min((self._fault_time(n) for n in dead), default=time.monotonic())
         self.store.set(gen_key(gen.number, "abort"), "1")
         for name in dead:
-            p = self.procs.procs.get(name)
-            if p is not None and p.exitcode is None:
-                p.kill()
+            self.procs.kill_one(name)
         survivors = [n for n in gen.ranks if n not in dead and n not in gen.leaving]
         copies = self._holdings(survivors, dead)
         paused = time.monotonic()  # every survivor has stopped and said what it holds
@@ -497,7 +524,12 @@ class Coordinator:
         nxt = self._generation(gen.number + 1, plan, t, pieces, _sources_outside(plan, pieces))
         self.emit(
             Replan(
-                nxt.number, plan.to_dict(), planning, reason, plan.predicted.throughput if plan.predicted else 0.0
+                nxt.number,
+                plan.to_dict(),
+                planning,
+                reason,
+                plan.predicted.throughput if plan.predicted else 0.0,
+                nxt.start,
             ).to_message()
         )
         self.plans.append({"generation": nxt.number, "plan": plan.to_dict(), "reason": reason, "start": t})
@@ -580,26 +612,23 @@ class Coordinator:
         ]
         self.pending_leave = [lv for lv in self.pending_leave if lv.device not in leaving]
         self.gone.update(leaving)
-        standby = self._standby(gen)
         joining = [j for j in self.pending_join if j.iteration <= boundary]
         self.pending_join = [j for j in self.pending_join if j not in joining]
         names = [n for n in gen.plan.device_names if n not in leaving]
         new = []
         for j in joining:
-            kind = get_kind(j.kind)
-            short = j.kind.split("-")[-1] if "-" in j.kind else j.kind
-            taken = {d.name for d in self.true_cluster.devices}
-            n = 0
-            while f"{short}-{n}" in taken:
-                n += 1
-            name = f"{short}-{n}"
+            if j.device is not None and j.device.name in {d.name for d in self.true_cluster.devices}:
+                self.gone.discard(j.device.name)  # a standby or earlier device: planned on again
+                continue
+            device = j.device or self._new_device(j.kind)
             self.true_cluster = Cluster(
-                (*self.true_cluster.devices, Device.of_kind(name, kind.key)), self.true_cluster.bandwidth_mbps,
+                (*self.true_cluster.devices, device), self.true_cluster.bandwidth_mbps,
                 self.true_cluster.latency_ms, self.true_cluster.name,
             )  # fmt: skip
-            new.append((name, kind.key))
-            names.append(name)
-        reason = "left" if leaving else "joined" if new else "repartition"
+            new.append((device.name, device.kind))
+            names.append(device.name)
+        standby = self._standby(gen)
+        reason = "left" if leaving else "joined" if joining else "repartition"
         if reason == "repartition":
             self.emit(self.repartition)
         plan, planning = self._replan(names + [n for n in standby if n not in names], {})
@@ -613,11 +642,53 @@ class Coordinator:
         self._start_standby(gen, nxt)
         self.emit(
             Replan(
-                nxt.number, plan.to_dict(), planning, reason, plan.predicted.throughput if plan.predicted else 0.0
+                nxt.number,
+                plan.to_dict(),
+                planning,
+                reason,
+                plan.predicted.throughput if plan.predicted else 0.0,
+                nxt.start,
             ).to_message()
         )
         self.plans.append({"generation": nxt.number, "plan": plan.to_dict(), "reason": reason, "start": boundary})
         self._publish(nxt, {})
+
+    def _new_device(self, kind_name: str) -> Device:
+        """A device of `kind_name` for `--join`, named after its kind: nano-3 when nano-0..2 exist."""
+        kind = get_kind(kind_name)
+        short = kind_name.split("-")[-1] if "-" in kind_name else kind_name
+        taken = {d.name for d in self.true_cluster.devices}
+        n = 0
+        while f"{short}-{n}" in taken:
+            n += 1
+        return Device.of_kind(f"{short}-{n}", kind.key)
+
+    def _ask_stop(self) -> None:
+        """Ask the generation's devices to stop at the next iteration boundary (unless a stop is agreed already)."""
+        stop = gen_key(self.generation.number, "stop")
+        if not self.store.check([stop]):
+            self.store.set(stop, str(self.committed))  # devices stop after the iteration in progress (0-based)
+
+    def leave(self, name: str) -> None:
+        """A graceful leave asked while the run goes on (an administrator removed the device): at the next
+        iteration boundary it hands over its layers and the run goes on without it. Thread-safe."""
+        self.requests.put(lambda: self._leave(name))
+
+    def join(self, device: Device) -> None:
+        """A device offered to the running job joins at the next iteration boundary. Thread-safe."""
+        self.requests.put(lambda: self._join(device))
+
+    def _leave(self, name: str) -> None:
+        gen = self.generation
+        if name not in gen.plan.device_names:  # a standby device: it is simply never planned on
+            self.gone.add(name)
+            return
+        self.pending_leave.append(Leave(name, self.committed + 1))
+        self._ask_stop()
+
+    def _join(self, device: Device) -> None:
+        self.pending_join.append(Join(device.kind, self.committed + 1, device))
+        self._ask_stop()
 
     # -- the central replica ------------------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from engine.devices import Cluster, get_kind
+from engine.devices import Cluster, Device, get_kind
 from engine.errors import UserError
 
 PHASES = ("forward", "backward", "all-reduce", "send", "replica")
@@ -32,6 +32,7 @@ class Leave:
 class Join:
     kind: str
     iteration: int  # it joins after this iteration
+    device: Device | None = None  # a named device (a site's); None: a new one of `kind`, named after it
 
 
 @dataclass(frozen=True)

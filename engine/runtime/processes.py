@@ -87,6 +87,17 @@ class DeviceProcesses:
         for p in self.procs.values():
             p.start()  # the first start also starts the fork server (it imports torch once)
 
+    def spawn(self, name: str, target: Target, cfg) -> None:
+        """Add one device and start its process now (the coordinator's way: devices come and go)."""
+        self.add(name, target, cfg)
+        self.procs[name].start()
+
+    def kill_one(self, name: str) -> None:
+        """SIGKILL one device's process, if it still runs."""
+        p = self.procs.get(name)
+        if p is not None and p.pid is not None and p.exitcode is None:
+            p.kill()
+
     @property
     def names(self) -> list[str]:
         return list(self.procs)

@@ -58,6 +58,7 @@
     steps: [],
     ganttTimer: null,
     ganttDrawnAt: 0,
+    marks: [], // membership changes on the throughput chart: {x, text, color} (a loss, a recovery, a leave, a join)
   };
 
   /* ---------- small helpers ---------- */
@@ -299,6 +300,14 @@
       const layout = baseLayout({
         xaxis: axis('iteration', { rangemode: 'tozero' }),
         yaxis: axis('throughput (samples/s)', { rangemode: 'tozero' }),
+        shapes: live.marks.map((m) => ({
+          type: 'line', xref: 'x', yref: 'paper', x0: m.x, x1: m.x, y0: 0, y1: 1,
+          line: { color: m.color, width: 2, dash: 'dot' },
+        })),
+        annotations: live.marks.map((m, i) => ({
+          x: m.x, xref: 'x', y: i % 2 ? 0.9 : 1, yref: 'paper', text: esc(m.text), showarrow: false,
+          xanchor: 'left', font: { size: 11, color: m.color }, bgcolor: 'rgba(255,255,255,0.8)',
+        })),
       });
       Plotly.react(throughputDiv, [measured, predictedLine(xs[xs.length - 1])], layout, PLOT_CONFIG);
     }
@@ -579,6 +588,9 @@
 
     const states = msg.devices || {};
     Object.keys(states).forEach((name) => setDeviceState(name, states[name]));
+    live.marks = [];
+    (msg.membership || []).forEach((ev) => addMark(ev));
+    drawLineCharts();
 
     const list = $('event-log');
     if (list) list.textContent = '';
@@ -606,6 +618,32 @@
     if (msg.device) setDeviceState(msg.device, msg.state);
   }
 
+  // The coordinator's events: a mark on the throughput chart (the dip and the recovery); the log has their lines.
+  const MARKS = {
+    'device-lost': (m) => [m.iteration - 0.5, m.device + ' lost', '#c0392b'],
+    recovered: (m) => [m.iteration, 'recovered', '#1f8a4c'],
+    'device-left': (m) => [m.iteration + 0.5, m.device + ' left', '#b7791f'],
+    'device-joined': (m) => [m.iteration + 0.5, m.device + ' joined', '#2d5bd7'],
+  };
+
+  function addMark(msg) {
+    const make = MARKS[msg.type];
+    if (!make || !isNumber(msg.iteration)) return;
+    const [x, text, color] = make(msg);
+    live.marks.push({ x: x, text: text, color: color });
+  }
+
+  function onMembership(msg) {
+    addMark(msg);
+    if (msg.type === 'device-lost') setDeviceState(msg.device, 'lost');
+    drawLineCharts();
+  }
+
+  function onReplan() {
+    live.steps = []; // the timeline shows the new plan's steps from its first iteration on
+    drawGantt();
+  }
+
   function onLog(msg) {
     appendLog([msg]);
   }
@@ -622,6 +660,11 @@
     device: onDevice,
     log: onLog,
     status: onStatus,
+    'device-lost': onMembership,
+    recovered: onMembership,
+    'device-left': onMembership,
+    'device-joined': onMembership,
+    replan: onReplan,
   };
 
   function dispatch(msg) {

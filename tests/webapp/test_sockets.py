@@ -134,7 +134,7 @@ def test_events_are_stored_once_relayed_and_acknowledged(bob):
     assert job.latest["loss"] == 2.3 and job.progress == 0.5
 
 
-def test_launch_assign_accept_start_then_done(bob, settings):
+def test_launch_assign_accept_then_done(bob, settings):
     a, cred_a = enrolled("nx-0", "jetson-xavier-nx")
     b, cred_b = enrolled("tx2-0")
     Device.objects.filter(pk__in=[a.pk, b.pk]).update(status="online", measured={"emulated": True})
@@ -161,9 +161,11 @@ def test_launch_assign_accept_start_then_done(bob, settings):
         assert assigned["nx-0"]["plan"] == plan and assigned["nx-0"]["options"]["iterations"] == 1
         await agents["tx2-0"].send_json_to({"type": "accepted", "job": job.pk, "port": None})
         assert await agents["nx-0"].receive_nothing(0.3)  # no start before everyone accepted
-        await agents["nx-0"].send_json_to({"type": "accepted", "job": job.pk, "port": 29555})
-        for ws in agents.values():
-            assert await ws.receive_json_from(5) == {"type": "start", "job": job.pk, "host": "10.0.0.7", "port": 29555}
+        assert (await sync_to_async(Job.objects.get)(pk=job.pk)).started_at is None
+        await agents["nx-0"].send_json_to({"type": "accepted", "job": job.pk, "port": None})
+        for ws in agents.values():  # the job's coordinator starts them (webapp/jobs/coordinating.py)
+            assert await ws.receive_nothing(0.3)
+        assert (await sync_to_async(Job.objects.get)(pk=job.pk)).started_at is not None
         for seq, (name, ws) in enumerate(agents.items(), 1):
             done = {"type": "device-done", "device": name, "late_steps": 0, "steps": 4, "part": False}
             assert await say(ws, {"type": "events", "events": [{"seq": seq, "job": job.pk, "event": done}]})

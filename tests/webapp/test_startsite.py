@@ -115,7 +115,7 @@ def test_serves_then_stops_everything_on_sigterm(tmp_path):
         assert re.search(r"Redis: redis://127\.0\.0\.1:\d+/0 \(embedded", output)
 
         children = children_of(launcher.pid)
-        assert len(children) == 3, output  # redis-server, celery worker, daphne
+        assert len(children) == 4, output  # redis-server, celery worker, coordinators, daphne
 
         class NoRedirect(urllib.request.HTTPRedirectHandler):
             def redirect_request(self, *args):

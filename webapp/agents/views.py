@@ -1,5 +1,7 @@
-"""Staff taking a device out of service: disabling or removing it fails the job it is running (a removed device's
-agent is disconnected too). Here, not in webapp.devices, because it reaches into jobs."""
+"""Staff taking a device out of service. Disabling stops new jobs only (a job it runs goes on with it); removing a
+device that takes part in a running job is a graceful leave of that job (its layers are handed over at the next
+iteration boundary), and removing an idle one deletes it and disconnects its agent. Here, not in webapp.devices,
+because it reaches into jobs."""
 
 from __future__ import annotations
 
@@ -10,16 +12,17 @@ from django.views.decorators.http import require_POST
 
 from webapp.devices.agents import disconnect_agent
 from webapp.devices.models import Device
-from webapp.jobs.ending import device_lost
+from webapp.jobs.actions import TAKING_PART, ActionError, remove_device
+from webapp.jobs.models import Job, JobDevice
 
 
 @staff_member_required
 @require_POST
 def device_disable(request, device_id: int):
     device = get_object_or_404(Device, pk=device_id)
-    device_lost(device, "was disabled by an administrator")
-    Device.objects.filter(pk=device.pk).update(status=Device.Status.DISABLED, job=None)
-    messages.info(request, f"{device.name} is disabled: it takes no jobs until it is enabled.")
+    Device.objects.filter(pk=device.pk).update(status=Device.Status.DISABLED)
+    running = f"; it goes on with job {device.job_id}" if device.job_id else ""
+    messages.info(request, f"{device.name} is disabled: it takes no new jobs until it is enabled{running}.")
     return redirect("devices")
 
 
@@ -27,7 +30,16 @@ def device_disable(request, device_id: int):
 @require_POST
 def device_remove(request, device_id: int):
     device = get_object_or_404(Device, pk=device_id)
-    device_lost(device, "was removed by an administrator")
+    row = JobDevice.objects.filter(device=device, job__status__in=Job.ACTIVE, state__in=TAKING_PART).first()
+    if row is not None:
+        try:
+            remove_device(row.job, row.name, request.user)
+        except ActionError as exc:
+            messages.error(request, f"{device.name} cannot leave job {row.job_id} now: {exc}")
+            return redirect("devices")
+        messages.info(request, f"{device.name} leaves job {row.job_id} at the next iteration boundary, its layers "
+                               "handed over; remove it again once it is idle to delete it.")  # fmt: skip
+        return redirect("devices")
     disconnect_agent(device.pk)
     device.delete()
     messages.info(request, f"{device.name} is removed.")

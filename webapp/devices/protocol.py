@@ -16,7 +16,7 @@ from engine import events as catalogue
 MAX_BATCH = 200
 MAX_DIGITS = 19  # an integer of more digits cannot be a count, a seq or an id (the database's bigint)
 # What a device's agent may report; `run-start` and `run-stop` are a launcher's.
-EVENT_TYPES = ("device-start", "step", "iteration", "eval", "device-done", "device-error", "job-stopped")
+EVENT_TYPES = ("device-start", "step", "iteration", "eval", "device-done", "device-error", "job-stopped", "restore")
 
 
 class ProtocolError(ValueError):

@@ -1,5 +1,5 @@
-"""JSON API of jobs: list and create (planned by a Celery task), read, launch, cancel; and the agents' upload of
-their trained stage."""
+"""JSON API of jobs: list and create (planned by a Celery task), read, launch, cancel; staff's device actions on a
+running job (remove, add, kill); and the agents' upload of their trained stage."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from django.views.decorators.http import require_POST
 
 from webapp.accounts.auth import api, error
 from webapp.devices.models import Device
-from webapp.jobs import ending, launching
+from webapp.jobs import actions, ending, launching
 from webapp.jobs.artifacts import job_dir
 from webapp.jobs.forms import JobForm
 from webapp.jobs.models import JobDevice
@@ -61,6 +61,21 @@ def cancel(request, job_id: int):
     job = visible_job(request.user, job_id)
     if not ending.cancel(job):
         return error(409, f"job {job.pk} already {job.status}")
+    job.refresh_from_db()
+    return JsonResponse(job.to_dict())
+
+
+@api("POST", staff=True)
+def device_action(request, job_id: int, action: str):
+    """POST {"device": NAME} to /api/jobs/<id>/remove/, /add/ or /kill/ (staff): the job's JSON after it."""
+    job = visible_job(request.user, job_id)
+    name = request.json.get("device")
+    if not isinstance(name, str) or not name.strip():
+        return error(400, 'send {"device": "<name>"}: the device to ' + action)
+    try:
+        actions.ACTIONS[action](job, name.strip(), request.user)
+    except actions.ActionError as exc:
+        return error(409, str(exc))
     job.refresh_from_db()
     return JsonResponse(job.to_dict())
 

@@ -1,5 +1,5 @@
-"""The end of a job: completed (model assembled, devices freed), failed or cancelled (every agent told to stop),
-or failed because one of its devices was lost.
+"""The end of a job: completed (model assembled, devices freed), failed or cancelled (every agent told to stop);
+and what a device going silent means for its job (its coordinator decides).
 
 Each end is a conditional UPDATE from an unfinished status, so two agents reporting at once cannot both end a job.
 """
@@ -27,7 +27,10 @@ def finish(job: Job) -> None:
     if not Job.objects.filter(pk=job.pk, status__in=Job.ACTIVE).update(status=Job.Status.COMPLETED):
         return
     job.refresh_from_db()
-    iterations = list(JobEvent.objects.filter(job=job, type="iteration").values_list("data", flat=True))
+    newest = {}  # an iteration replayed after a recovery counts once, as it was last run
+    for it in JobEvent.objects.filter(job=job, type="iteration").values_list("data", flat=True):
+        newest[it["iteration"]] = it
+    iterations = [newest[k] for k in sorted(newest)]
     batch = job.plan_object.batch_size if job.plan_object else job.batch_size
     measured = measured_throughput(batch, [it["iteration_s"] for it in iterations])
     summary = f"{len(iterations)} iterations"
@@ -83,22 +86,20 @@ def _stop_devices(job: Job) -> None:
 
 
 def device_lost(device: Device, why: str) -> None:
-    """A device stopped answering; its job, if any, fails."""
+    """A device stopped answering: its job's log says so; the job's coordinator recovers without it (its
+    RemoteFleet sees the device offline), or fails the job when it cannot."""
     if device.job_id:
         job = Job.objects.filter(pk=device.job_id).first()
         if job is not None and job.status in Job.ACTIVE:
-            fail(job, f"device {device.name} {why}")
+            job_log(job, f"device {device.name} {why}", "error")
 
 
 def reconcile(device: Device, running: int | None, restarted: bool) -> None:
-    """What a device's agent says it runs, against what the site thinks: a device that should be taking part
-    in an active job while its agent runs nothing of it (a new agent process, or an agent that reports idle
-    with every event acknowledged) has lost its part, and the job fails with that reason."""
-    if not device.job_id or running == device.job_id:
+    """What a device's agent says it runs, against what the site thinks. A new agent process of a device taking
+    part in an active job means its device process is gone (it dies with its agent): the job's log says so, and
+    the coordinator, which hears no more heartbeats from it, recovers (or starts it again after a site restart)."""
+    if not restarted or not device.job_id or running == device.job_id:
         return
     row = JobDevice.objects.filter(job_id=device.job_id, device=device).select_related("job").first()
-    accepted = (JobDevice.State.STARTING, JobDevice.State.TRAINING)  # it had taken its part
-    if row is None or row.job.status not in Job.ACTIVE or row.state not in accepted:
-        return
-    says = "was restarted" if restarted else f"reports it runs {f'job {running}' if running else 'nothing'}"
-    fail(row.job, f"device {row.name} lost its part of the run: its agent {says} (the site restarted, or the board)")
+    if row is not None and row.job.status in Job.ACTIVE and row.state == JobDevice.State.TRAINING:
+        job_log(row.job, f"the agent of {row.name} was restarted: its device process is gone", "warning")

@@ -83,19 +83,20 @@ def _apply(row: JobDevice, ev: dict) -> None:
         if not JobDevice.objects.filter(job=job).exclude(state=JobDevice.State.DONE).exists():
             finish(job)
     elif kind == "device-error":
-        _device_state(row, JobDevice.State.FAILED, result={k: v for k, v in ev.items() if k != "type"})
         where = f" during iteration {ev['iteration'] + 1}" if ev.get("iteration", -1) >= 0 else " while starting"
         if ev.get("cause") == "own":
+            _device_state(row, JobDevice.State.FAILED, result={k: v for k, v in ev.items() if k != "type"})
             if row.device_id:
                 Device.objects.filter(pk=row.device_id).update(status=Device.Status.FAILED)
             fail(job, f"device {row.name} failed{where}: {ev.get('message')}", overrule=True)
-        else:
-            fail(job, f"device {row.name} lost a peer{where}: {ev.get('message')}")
+        elif job.status in Job.ACTIVE:  # the run's coordinator ended it, or recovers from the lost peer
+            job_log(job, f"{row.name} stopped{where}: {ev.get('message')}", "warning")
     elif kind == "job-stopped":
-        unfinished = row.state not in (JobDevice.State.DONE, JobDevice.State.FAILED)
-        if unfinished:
+        unfinished = row.state not in (JobDevice.State.DONE, JobDevice.State.FAILED, JobDevice.State.LEFT)
+        if unfinished and ev["reason"] != "cancelled" and job.status in Job.ACTIVE:
+            # its part is gone while the job runs: the job's coordinator recovers without it (or fails the job),
+            # and its log line says so with the iteration
+            _device_state(row, JobDevice.State.LOST)
+        elif unfinished:
             _device_state(row, JobDevice.State.STOPPED)
         release(Device.objects.filter(pk=row.device_id, job=job))
-        if unfinished and job.status in Job.ACTIVE:  # its part is gone while the job runs: it cannot finish
-            why = {"agent-stopped": "its agent stopped", "died": "its device process died"}.get(ev["reason"])
-            fail(job, f"device {row.name} lost its part of the run: {why or ev['reason']}")

@@ -1,4 +1,6 @@
-"""Launching a planned job: every agent gets `assign` and answers `accepted`; once all have, everyone gets `start`.
+"""Launching a planned job: every agent gets `assign` and answers `accepted`; once all have, the job is started
+(`started_at`), and the coordinators process (webapp/jobs/coordinating.py) runs it: it hosts the store and
+tells every agent to start its device process.
 
 Claims are conditional UPDATEs (`filter(status=old).update(status=new) == 1`), so two requests cannot both launch
 a job, nor two agents' acceptances both send `start`.
@@ -6,14 +8,12 @@ a job, nor two agents' acceptances both send `start`.
 
 from __future__ import annotations
 
-from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from engine.runtime.options import RunOptions
 from webapp.devices.agents import tell_agent
 from webapp.devices.models import Device
-from webapp.jobs.ending import fail
+from webapp.jobs.coordinating import run_options
 from webapp.jobs.models import Job, JobDevice
 from webapp.jobs.notify import job_log, notify
 
@@ -54,16 +54,7 @@ def launch(job: Job) -> None:
         Device.objects.filter(pk__in=[d.pk for d in devices.values()]).update(status=Device.Status.BUSY, job=job)
     job.refresh_from_db()
     notify(job.pk, {"type": "status", "status": job.status, "progress": 0.0, "message": job.message})
-    options = RunOptions(
-        iterations=job.iterations,
-        lr=job.lr,
-        dataset=job.dataset,
-        emulate=job.emulated,
-        timeout_s=settings.ASTEROID_RUN_TIMEOUT_S,
-        save_model=True,
-        generation=job.pk,
-        eval_every=job.eval_every,
-    ).to_dict()
+    options = run_options(job).to_dict()
     for row in rows:
         notify(job.pk, {"type": "device", "device": row.name, "state": row.state})
         tell_agent(
@@ -73,26 +64,18 @@ def launch(job: Job) -> None:
 
 
 def accepted(device: Device, job_id: int, port: int | None) -> None:
-    """An agent took its part; once all have, everyone gets `start` with rank 0's rendezvous address."""
+    """An agent took its part; once all have, the job starts: its coordinator (the coordinators process picks up
+    a job whose `started_at` is set) tells every agent to start its device process."""
     row = JobDevice.objects.filter(job_id=job_id, device=device).select_related("job").first()
     if row is None or row.job.status not in Job.ACTIVE:
         tell_agent(device.pk, {"type": "cancel", "job": job_id})  # a stale assignment: make sure it stops
         return
-    JobDevice.objects.filter(pk=row.pk).update(accepted=True, port=port, state=JobDevice.State.STARTING)
-    notify(job_id, {"type": "device", "device": row.name, "state": JobDevice.State.STARTING})
-    rows = list(JobDevice.objects.filter(job_id=job_id).select_related("device"))
+    JobDevice.objects.filter(pk=row.pk).update(accepted=True, port=port)
+    rows = list(JobDevice.objects.filter(job_id=job_id))
     if not all(r.accepted for r in rows):
-        return
-    first = rows[0]
-    if first.port is None:
-        fail(row.job, f"device {first.name} (rank 0) accepted without a rendezvous port")
         return
     if not Job.objects.filter(pk=job_id, started_at__isnull=True, status=Job.Status.RUNNING).update(
         started_at=timezone.now(), message="training"
     ):
         return  # another agent's acceptance already started it
-    host = (first.device.address if first.device else "") or "127.0.0.1"
-    for r in rows:
-        if r.device_id:
-            tell_agent(r.device_id, {"type": "start", "job": job_id, "host": host, "port": first.port})
-    job_log(row.job, f"all {len(rows)} devices accepted; rendezvous at {host}:{first.port} ({first.name})")
+    job_log(row.job, f"all {len(rows)} devices accepted; the coordinator starts their device processes")

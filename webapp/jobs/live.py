@@ -8,6 +8,7 @@ from webapp.jobs.notify import browser_event
 
 LOG_LINES = 200
 MAX_STEPS = 5000  # a bound on what one snapshot carries
+MEMBERSHIP = ("device-lost", "recovered", "device-left", "device-joined")  # marked on the throughput chart
 
 
 def iteration_messages(job: Job) -> list[dict]:
@@ -44,5 +45,6 @@ def snapshot(job: Job) -> dict:
         "iterations": iteration_messages(job),
         "steps": latest_steps(job),
         "devices": {r.name: r.state for r in JobDevice.objects.filter(job=job)},
+        "membership": readable(JobEvent.objects.filter(job=job, type__in=MEMBERSHIP).values_list("data", flat=True)),
         "log": list(reversed(logs)),
     }

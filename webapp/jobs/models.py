@@ -53,7 +53,10 @@ class Job(models.Model):
     progress = models.FloatField(null=True, blank=True)  # 0..1 while planning or running
     message = models.TextField(blank=True)  # why it failed, or what it is doing
     # The plan (Plan JSON), every method's plan or error, and the simulated 1F1B steps of one iteration.
-    plan = models.JSONField(null=True, blank=True)
+    plan = models.JSONField(null=True, blank=True)  # the plan training now (the newest generation's)
+    # Every generation's plan, why it was made and from which iteration it trained: [{generation, plan, reason,
+    # start, planning_real_s, predicted_throughput}] (generation 0 is `plan` as launched).
+    generations = models.JSONField(default=list, blank=True)
     comparison = models.JSONField(null=True, blank=True)
     simulation = models.JSONField(null=True, blank=True)
     latest = models.JSONField(default=dict, blank=True)  # the last iteration message
@@ -130,6 +133,10 @@ class Job(models.Model):
             "progress": self.progress,
             "message": self.message,
             "plan": self.plan,
+            "generations": [
+                {k: g[k] for k in ("generation", "reason", "start", "planning_real_s", "predicted_throughput")}
+                for g in self.generations
+            ],
             "comparison": {
                 m: ({"error": p["error"]} if "error" in p else p["predicted"])
                 for m, p in (self.comparison or {}).items()
@@ -152,6 +159,8 @@ class JobDevice(models.Model):
         DONE = "done"
         FAILED = "failed"
         STOPPED = "stopped"
+        LOST = "lost"  # its process died or went silent; the job recovers without it
+        LEFT = "left"  # it left gracefully (removed by an administrator); its layers were handed over
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="devices")
     device = models.ForeignKey("devices.Device", null=True, on_delete=models.SET_NULL, related_name="+")
@@ -180,3 +189,24 @@ class JobEvent(models.Model):
     class Meta:
         ordering = ["id"]
         indexes = [models.Index(fields=["job", "type"])]
+
+
+class JobAction(models.Model):
+    """An administrator's action on a running job (remove or add a device, kill a device's process): who asked,
+    when, and when the job's coordinator carried it out. The audit trail of changes made to a job mid-run."""
+
+    class Kind(models.TextChoices):
+        REMOVE = "remove", "remove device"
+        ADD = "add", "add device"
+        KILL = "kill", "kill device process"
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="actions")
+    kind = models.CharField(max_length=8, choices=Kind.choices)
+    device = models.CharField(max_length=64)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    done_at = models.DateTimeField(null=True, blank=True)  # the coordinator took it (kills: sent at once)
+    outcome = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["id"]

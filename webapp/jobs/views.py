@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from django.contrib import messages
+from django.contrib.admin.views.decorators import staff_member_required
 from django.contrib.auth.decorators import login_required
 from django.http import FileResponse, Http404, HttpResponse
 from django.shortcuts import redirect, render
@@ -12,10 +13,11 @@ from django.views.decorators.http import require_POST
 
 from engine.errors import UserError
 from engine.events import StepEvent, chrome_trace
-from webapp.jobs import ending, figures, launching, rows
+from webapp.devices.models import Device
+from webapp.jobs import actions, ending, figures, launching, rows
 from webapp.jobs.artifacts import model_path
 from webapp.jobs.forms import JobForm
-from webapp.jobs.models import Job, JobEvent
+from webapp.jobs.models import Job, JobDevice, JobEvent, read_plan
 from webapp.jobs.submit import REQUEST, submit, visible_job, visible_jobs
 
 
@@ -41,8 +43,20 @@ def job_new(request):
 def job_detail(request, job_id: int):
     """The plan page: how the job will run and why this plan; launch or re-plan from here."""
     job = _job(request, job_id)
-    context = {"job": job, "replan_form": None}
+    context = {"job": job, "replan_form": None, "launched": job.plan}
     plan = job.plan_object
+    if job.generations:  # the sections below are about the plan as launched; later ones are listed after them
+        context["launched"] = job.generations[0]["plan"]
+        plan = read_plan(job.generations[0]["plan"])
+        context["generations"] = [
+            g
+            | {
+                "figure": figures.pipeline_figure(read_plan(g["plan"])),
+                "figure_id": f"fig-generation-{g['generation']}",
+                "stage_count": len(g["plan"]["stages"]),
+            }
+            for g in job.generations
+        ]
     if plan:
         predictions = rows.predictions(job.comparison_plans)
         context["figures"] = {
@@ -91,11 +105,30 @@ def job_launch(request, job_id: int):
 @login_required
 def job_live(request, job_id: int):
     job = _job(request, job_id)
-    return render(
-        request,
-        "jobs/live.html",
-        {"job": job, "devices_json": json.dumps(job.device_names)},
-    )
+    names = [r.name for r in JobDevice.objects.filter(job=job)] or job.device_names  # lost and added ones too
+    context = {"job": job, "devices_json": json.dumps(names), "device_names": names}
+    if request.user.is_staff:
+        context["idle_devices"] = [d.name for d in Device.objects.all() if d.available]
+    return render(request, "jobs/live.html", context)
+
+
+@staff_member_required
+@require_POST
+def job_device_action(request, job_id: int, action: str):
+    """Remove, add or kill a device of a running job (staff); the live page asks for confirmation first."""
+    job = _job(request, job_id)
+    name = request.POST.get("device", "").strip()
+    if action not in actions.ACTIONS:
+        raise Http404(f"no action {action!r}")
+    try:
+        actions.ACTIONS[action](job, name, request.user)
+    except actions.ActionError as exc:
+        messages.error(request, str(exc))
+    else:
+        done = {"remove": "leaves at the next iteration boundary", "add": "joins at the next iteration boundary",
+                "kill": "was killed (SIGKILL); watch the recovery"}[action]  # fmt: skip
+        messages.info(request, f"{name} {done}.")
+    return redirect("job-live", job_id=job.pk)
 
 
 @login_required

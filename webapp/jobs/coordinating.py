@@ -1,0 +1,384 @@
+"""The site's coordinators: every running job's engine `Coordinator`, with its devices' processes on their agents.
+
+    python manage.py coordinators        # what `make run` starts: serves until SIGINT/SIGTERM
+
+The coordinators process watches the database. A job whose devices all accepted gets a coordinator (a thread
+of this process): it hosts the job's store on ASTEROID_STORE_HOST (agents' device processes connect to it),
+tells each agent to start its device process (`start` with `coordinated`), and from then on owns the run:
+iterations are committed from the events the agents send (stored by the site, read back here), a device whose
+process dies or goes silent is recovered from (re-plan, restore, replay), and administrators' actions
+(`JobAction`: remove or add a device) become graceful leaves and joins at the next iteration boundary. What the
+coordinator reports (device-lost, replan, replay, recovered, device-left, device-joined) is stored, logged in
+the job's words and shown live. When this process restarts (the site restarted), each running job's
+coordinator starts again from the job's central replica (var/jobs/<job>/run), or from the seed when none was
+made yet: the job completes with all its iterations.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from django.conf import settings
+from django.db import close_old_connections, transaction
+from django.db.models import Max
+from django.utils import timezone
+
+from engine.errors import UserError
+from webapp.devices.agents import tell_agent
+from webapp.devices.models import Device
+from webapp.jobs.artifacts import job_dir
+from webapp.jobs.ending import fail, finish, release
+from webapp.jobs.models import Job, JobAction, JobDevice, JobEvent
+from webapp.jobs.notify import browser_event, job_log, notify, set_status
+
+log = logging.getLogger(__name__)
+
+# What the coordinator needs of the devices' events (steps are many, and only the dashboard wants them).
+DEVICE_EVENTS = ("device-start", "iteration", "device-done", "device-error", "job-stopped", "restore")
+# What the coordinator itself reports.
+COORDINATOR_EVENTS = ("device-lost", "replan", "replay", "recovered", "device-left", "device-joined", "repartition")
+POLL_S = 0.05  # how often a coordinator reads new device events
+WATCH_S = 0.5  # how often the process looks for new jobs, cancelled jobs and administrators' actions
+OFFLINE_CHECK_S = 1.0
+RESEND_S = 2.0  # how often `start` is sent again to an agent whose device process has not started
+
+
+def run_dir(job: Job | int) -> Path:
+    """Where a job's coordinator keeps the run document and the central replica."""
+    return job_dir(job) / "run"
+
+
+class RemoteFleet:
+    """The coordinator's devices (engine.runtime.coordinator.Fleet) as the agents run them: `spawn` tells an agent
+    to start its device process, events are the ones the agents sent (the site stored them), a device's exit is
+    its agent's `job-stopped` report or the agent going offline, and `kill_one` asks the agent to SIGKILL it."""
+
+    def __init__(self, job_id: int):
+        self.job_id = job_id
+        self.last = JobEvent.objects.filter(job_id=job_id).order_by("-pk").values_list("pk", flat=True).first() or 0
+        self.pending: collections.deque[dict] = collections.deque()
+        self.codes: dict[str, int] = {}
+        self.whys: dict[str, str] = {}
+        self.offline_checked = 0.0
+        self.starting: dict[str, list] = {}  # name -> [device id, start message, when sent]: until it starts
+
+    def _row(self, name: str) -> JobDevice | None:
+        return JobDevice.objects.filter(job_id=self.job_id, name=name).first()
+
+    def spawn(self, name: str, target, cfg) -> None:
+        row = self._row(name) or self._claim(name)
+        if row is None or row.device_id is None:
+            self.codes[name], self.whys[name] = 1, "is not online and idle: it cannot take over"
+            return
+        self.codes.pop(name, None)
+        JobDevice.objects.filter(pk=row.pk).update(state=JobDevice.State.STARTING)
+        notify(self.job_id, {"type": "device", "device": name, "state": JobDevice.State.STARTING})
+        msg = {
+            "type": "start", "job": self.job_id, "coordinated": True, "name": name, "host": cfg.host,
+            "port": cfg.port, "generation": cfg.options.generation, "plan": cfg.plan.to_dict(),
+            "options": cfg.options.to_dict(), "predicted_iteration_s": cfg.predicted_iteration_s,
+        }  # fmt: skip
+        self.starting[name] = [row.device_id, msg, time.monotonic()]
+        tell_agent(row.device_id, msg)
+
+    def _claim(self, name: str) -> JobDevice | None:
+        """A standby device (planned for, left out of the plan until now) taking over: it joins the job if it is
+        online and idle; None when it is not."""
+        with transaction.atomic():
+            device = Device.objects.select_for_update().filter(name=name).first()
+            if device is None or not device.available:
+                return None
+            rank = (JobDevice.objects.filter(job_id=self.job_id).aggregate(top=Max("rank"))["top"] or 0) + 1
+            row = JobDevice.objects.create(job_id=self.job_id, device=device, name=name, rank=rank, accepted=True)
+            Device.objects.filter(pk=device.pk).update(status=Device.Status.BUSY, job_id=self.job_id)
+        return row
+
+    def _resend(self) -> None:
+        """`start` again to agents whose device has not started: a message to an agent that is not connected
+        (reconnecting, or not back yet after a site restart) is dropped; a repeated one is ignored."""
+        t = time.monotonic()
+        for entry in self.starting.values():
+            if t - entry[2] > RESEND_S:
+                entry[2] = t
+                tell_agent(entry[0], entry[1])
+
+    def _poll(self) -> None:
+        rows = list(
+            JobEvent.objects.filter(job_id=self.job_id, pk__gt=self.last, type__in=DEVICE_EVENTS)
+            .order_by("pk")
+            .values_list("pk", "data")
+        )
+        for pk, data in rows:
+            self.last = pk
+            if data["type"] in ("device-start", "job-stopped", "device-error"):
+                self.starting.pop(data["device"], None)
+            if data["type"] == "job-stopped":  # the device's process ended without done or error: gone
+                if data["reason"] != "cancelled":
+                    self.codes.setdefault(data["device"], -9 if "SIGKILL" in data.get("why", "") else 1)
+                    self.whys.setdefault(data["device"], data.get("why") or data["reason"].replace("-", " "))
+            else:
+                self.pending.append(dict(data))
+
+    def get(self, timeout: float) -> dict | None:
+        deadline = time.monotonic() + timeout
+        self._resend()
+        while not self.pending:
+            self._poll()
+            if self.pending or time.monotonic() >= deadline:
+                break
+            time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
+        return self.pending.popleft() if self.pending else None
+
+    def drain(self) -> Iterator[dict]:
+        self._poll()
+        while self.pending:
+            yield self.pending.popleft()
+
+    def exitcode(self, name: str) -> int | None:
+        if name in self.codes:
+            return self.codes[name]
+        t = time.monotonic()
+        if t - self.offline_checked > OFFLINE_CHECK_S:  # an agent that went silent took its process with it
+            self.offline_checked = t
+            gone = JobDevice.objects.filter(job_id=self.job_id, device__status=Device.Status.OFFLINE)
+            for row_name in gone.values_list("name", flat=True):
+                self.codes.setdefault(row_name, 1)
+                self.whys.setdefault(row_name, "its agent went offline")
+        return self.codes.get(name)
+
+    def why(self, name: str) -> str:
+        return self.whys.get(name, "exit status 1")
+
+    def kill_one(self, name: str) -> None:
+        row = self._row(name)
+        if row is not None and row.device_id is not None:
+            tell_agent(row.device_id, {"type": "kill", "job": self.job_id})
+
+    def __enter__(self) -> RemoteFleet:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
+def apply_event(job_id: int, ev: dict) -> None:
+    """What one of the coordinator's own events means for the job: stored, its status, its devices, its log."""
+    kind = ev.get("type")
+    if kind not in COORDINATOR_EVENTS:
+        return  # the devices' events: the site stored and relayed them when their agents sent them
+    job = Job.objects.get(pk=job_id)
+    JobEvent.objects.create(job=job, device=ev.get("device", ""), type=kind, data=ev)
+    if kind == "device-lost":
+        _device_state(job, ev["device"], JobDevice.State.LOST)
+        if job.status in Job.ACTIVE:
+            set_status(job, Job.Status.RECOVERING, f"recovering: {ev['device']} lost during iteration "
+                                                   f"{ev['iteration']}", job.progress)  # fmt: skip
+        job_log(job, f"device {ev['device']} lost at iteration {ev['iteration']} ({ev['cause']}); noticed in "
+                     f"{ev['detected_real_s']:.1f} s", "error")  # fmt: skip
+    elif kind == "replan":
+        plan, gen = ev["plan"], len(job.generations)  # the site's count (a resumed coordinator counts from 0)
+        stages = len(plan["stages"])
+        names = sorted({d["name"] for st in plan["stages"] for d in st["devices"]})
+        generations = [*job.generations, _generation(ev) | {"generation": gen}]
+        Job.objects.filter(pk=job.pk).update(plan=plan, generations=generations)
+        job_log(job, f"re-planned in {ev['planning_real_s']:.1f} s ({ev['reason']}): generation {gen}, {stages} "
+                     f"stage{'s' if stages > 1 else ''} on {', '.join(names)}, "
+                     f"{ev['predicted_throughput']:.1f} samples/s predicted")  # fmt: skip
+    elif kind == "replay":
+        which = f"iteration {ev['first']}" if ev["first"] == ev["last"] else f"iterations {ev['first']}-{ev['last']}"
+        job_log(job, f"rolled back: replaying {which}", "warning")
+    elif kind == "recovered":
+        if job.status == Job.Status.RECOVERING:
+            set_status(job, Job.Status.RUNNING, "training", job.progress)
+        job_log(job, f"recovered: {ev['summary']}")
+    elif kind == "device-left":
+        _device_state(job, ev["device"], JobDevice.State.LEFT)
+        release(Device.objects.filter(name=ev["device"], job=job))
+        job_log(job, f"device {ev['device']} left after iteration {ev['iteration']}, its layers handed over")
+    elif kind == "device-joined":
+        job_log(job, f"device {ev['device']} joined after iteration {ev['iteration']}")
+    elif kind == "repartition":
+        job_log(job, f"re-partitioned after iteration {ev['iteration']}: measured speeds drifted from the plan")
+    notify(job.pk, browser_event(ev))
+
+
+def _generation(ev: dict) -> dict:
+    return {k: ev[k] for k in ("generation", "plan", "reason", "start", "planning_real_s", "predicted_throughput")}
+
+
+def _device_state(job: Job, name: str, state: str) -> None:
+    if JobDevice.objects.filter(job=job, name=name).exclude(state=state).update(state=state):
+        notify(job.pk, {"type": "device", "device": name, "state": state})
+
+
+def run_options(job: Job):
+    """The engine's run options of a job (the same for every device and for its coordinator)."""
+    from engine.runtime.options import RunOptions
+
+    return RunOptions(
+        iterations=job.iterations,
+        lr=job.lr,
+        dataset=job.dataset,
+        emulate=job.emulated,
+        timeout_s=settings.ASTEROID_RUN_TIMEOUT_S,
+        save_model=True,
+        eval_every=job.eval_every,
+    )
+
+
+def coordinator_for(job: Job):
+    """The engine Coordinator of a job whose devices all accepted; resumed from its central replica when an
+    earlier coordinators process had made one (the site restarted mid-job)."""
+    from engine.runtime.coordinator import Coordinator, load_resume
+    from engine.workloads import workload
+
+    plan = job.plan_object  # the newest generation's: its devices were alive when the site stopped
+    w = workload(job.model, cluster=plan.cluster)
+    directory = run_dir(job)
+    resume = load_resume(directory)[1] if (directory / "central.pt").exists() else None
+    return Coordinator(
+        plan,
+        w,
+        run_options(job),
+        emit=lambda ev: apply_event(job.pk, ev),
+        run_dir=directory,
+        resume=resume,
+        fleet=RemoteFleet(job.pk),
+        store_host=settings.ASTEROID_STORE_HOST,
+        detect_s=settings.ASTEROID_DETECT_S,
+    )
+
+
+def coordinate(job_id: int, ready: threading.Event | None = None, registry: dict | None = None) -> str:
+    """Run job `job_id`'s coordinator to the end of the run; the job ends completed or failed with the reason."""
+    from engine.runtime.coordinator import RunFailed
+
+    job = Job.objects.get(pk=job_id)
+    try:
+        coordinator = coordinator_for(job)
+    except UserError as exc:
+        fail(job, f"cannot coordinate the run: {exc}")
+        return "failed"
+    at = coordinator.resume["iteration"] if coordinator.resume is not None else 0
+    first = {
+        "generation": len(job.generations), "plan": job.plan, "reason": "resumed" if job.generations else "start",
+        "start": at, "planning_real_s": 0.0, "predicted_throughput": job.predicted_throughput or 0.0,
+    }  # fmt: skip
+    Job.objects.filter(pk=job.pk).update(generations=[*job.generations, first])
+    if job.generations:  # a coordinator ran this job before: the site restarted
+        where = "its central replica" if coordinator.resume is not None else "the seed: no central replica yet"
+        job_log(job, f"the site restarted: the run resumes from iteration {at} ({where})", "warning")
+    if registry is not None:
+        registry[job_id] = coordinator
+    if ready is not None:
+        ready.set()
+    try:
+        coordinator.run()
+    except RunFailed as exc:
+        job.refresh_from_db()
+        if not job.finished:
+            fail(job, str(exc))
+        return "failed"
+    except Exception as exc:  # a bug: the job must not stay running forever; the traceback goes to the log
+        log.exception("coordinating job %s", job_id)
+        fail(job, f"the coordinator failed: {type(exc).__name__}: {exc}")
+        return "failed"
+    finally:
+        if registry is not None:
+            registry.pop(job_id, None)
+        close_old_connections()
+    finish(job)
+    return "completed"
+
+
+class Coordinators:
+    """Every running job's coordinator thread in this process, and the administrators' actions they carry out."""
+
+    def __init__(self) -> None:
+        self.threads: dict[int, threading.Thread] = {}
+        self.running: dict[int, object] = {}  # job id -> its Coordinator, once it runs
+
+    def step(self) -> None:
+        """Start coordinators of jobs that need one; stop those of cancelled jobs; hand over pending actions."""
+        for job_id, thread in list(self.threads.items()):
+            if not thread.is_alive():
+                del self.threads[job_id]
+        ready = Job.objects.filter(status__in=Job.ACTIVE, started_at__isnull=False).exclude(pk__in=list(self.threads))
+        for job_id in ready.values_list("pk", flat=True):
+            thread = threading.Thread(
+                target=coordinate, args=(job_id, None, self.running), name=f"coordinator-{job_id}", daemon=True
+            )
+            self.threads[job_id] = thread
+            thread.start()
+            log.info("job %s: coordinator started", job_id)
+        for job_id, coordinator in list(self.running.items()):
+            status = Job.objects.filter(pk=job_id).values_list("status", flat=True).first()
+            if status in Job.FINISHED:
+                coordinator.stop(f"the job was {status}")
+        for action in JobAction.objects.filter(done_at__isnull=True, kind__in=("remove", "add")).select_related("job"):
+            coordinator = self.running.get(action.job_id)
+            if coordinator is None or coordinator.generation is None:
+                if action.job.finished:
+                    _done(action, f"not done: the job had {action.job.status}")
+                continue  # its coordinator is starting: the action waits for it
+            _carry_out(action, coordinator)
+
+    def stop(self) -> None:
+        for coordinator in list(self.running.values()):
+            coordinator.stop("the site is stopping")
+        for thread in list(self.threads.values()):
+            thread.join(10)
+
+
+def _carry_out(action: JobAction, coordinator) -> None:
+    who = action.user.get_username() if action.user else "an administrator"
+    if action.kind == JobAction.Kind.REMOVE:
+        coordinator.leave(action.device)
+        _done(action, "leaves at the next iteration boundary")
+        job_log(action.job, f"{who} removed device {action.device}: it leaves at the next iteration boundary")
+        return
+    device = Device.objects.filter(name=action.device).first()
+    if device is None:
+        _done(action, "not done: the device is no longer registered")
+        return
+    coordinator.join(device.to_engine())
+    _done(action, "joins at the next iteration boundary")
+    job_log(action.job, f"{who} added device {action.device}: it joins at the next iteration boundary")
+
+
+def _done(action: JobAction, outcome: str) -> None:
+    JobAction.objects.filter(pk=action.pk).update(done_at=timezone.now(), outcome=outcome)
+
+
+class _Stop(Exception):
+    pass
+
+
+def serve() -> int:
+    """The coordinators process: until SIGINT or SIGTERM."""
+
+    def on_signal(signum, frame):
+        raise _Stop
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    coordinators = Coordinators()
+    log.info("coordinators: serving (stores on %s)", settings.ASTEROID_STORE_HOST)
+    try:
+        while True:
+            try:
+                coordinators.step()
+            except _Stop:
+                raise
+            except Exception:  # a database hiccup must not take every running job's coordinator down
+                log.exception("coordinators: watching the jobs")
+            time.sleep(WATCH_S)
+    except _Stop:
+        coordinators.stop()
+    return 0

@@ -1,0 +1,12 @@
+"""`python manage.py coordinators`: host every running job's coordinator (what `make run` starts)."""
+
+from django.core.management.base import BaseCommand
+
+from webapp.jobs.coordinating import serve
+
+
+class Command(BaseCommand):
+    help = "Run the coordinators of running jobs (stores, recovery, administrators' actions) until stopped."
+
+    def handle(self, *args, **options):
+        serve()
