@@ -213,7 +213,7 @@ class JobStopped(Event):
     UNSAID = ("why",)
 
     device: str
-    reason: str  # cancelled, agent-stopped, rejected, died
+    reason: str  # cancelled, agent-stopped, rejected, died, left (a coordinated device the coordinator let go)
     why: str = ""  # how a process that died ended: "died (SIGKILL)" (a coordinated run's lost device)
 
 

@@ -274,6 +274,8 @@ class Runner:
                 self.outbox.add(job, DeviceError(name, seen.iteration, failure).to_message())
             log.warning("job %s: %s", job, failure)
             reason = "died"
+        if reason is None and code == 0 and not seen.done and self._cfg.coordinated:
+            reason = "left"  # the coordinator let it go (a graceful leave, or a new plan without it)
         # A cancel always gets its reply; an agent stopping just after the device finished ended nothing.
         if reason == "cancelled" or (reason is not None and not seen.done):
             self.outbox.add(job, JobStopped(name, reason, why).to_message())

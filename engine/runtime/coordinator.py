@@ -179,6 +179,7 @@ class Coordinator:
         self.joined = 0
         self.fleet = fleet  # None: one local process per device (`train`); a site passes its agents' fleet
         self.store_host = store_host  # the address the devices reach the store at
+        self.repartition: dict | None = None  # the re-partition the generation's agreed stop is for
         self.stop_reason = ""  # set by `stop` (another thread): the run ends, failed with this reason
         self.requests: queue.SimpleQueue = queue.SimpleQueue()  # leaves and joins asked from other threads
 
@@ -606,7 +607,15 @@ class Coordinator:
         copies = []
         for name in gen.plan.device_names:
             copies += [Copy(**c) for c in json.loads(self.store.get(gen_key(gen.number, "held", name)))]
-        boundary = self.committed
+        # The boundary is where the devices stopped (their live copies say it); the events of the iterations up
+        # to it may still be on their way (a site's agents relay them): read them before the next generation.
+        boundary = max([c.iteration for c in copies if c.kind == "live"], default=self.committed)
+        deadline = time.monotonic() + self.detect_s + 10
+        while self.committed < boundary and time.monotonic() < deadline:
+            ev = self.procs.get(timeout=0.05)
+            if ev is not None:
+                self._event(ev)
+        self.committed = boundary = max(boundary, self.committed)
         leaving = [
             lv.device for lv in self.pending_leave if lv.iteration <= boundary and lv.device in gen.plan.device_names
         ]
@@ -628,9 +637,10 @@ class Coordinator:
             new.append((device.name, device.kind))
             names.append(device.name)
         standby = self._standby(gen)
-        reason = "left" if leaving else "joined" if joining else "repartition"
+        reason = "left" if leaving else "joined" if joining else "repartition" if self.repartition else "left"
         if reason == "repartition":
             self.emit(self.repartition)
+        self.repartition = None
         plan, planning = self._replan(names + [n for n in standby if n not in names], {})
         pieces = restore_pieces(plan, boundary, copies)
         leaving = [*leaving, *(n for n in _sources_outside(plan, pieces) if n not in leaving)]

@@ -734,7 +734,35 @@
     if (live.socket) live.socket.close(1000);
   }
 
+  /* ---------- staff's device actions (remove, add, kill), without leaving the page ---------- */
+
+  // A form.device-action posts to the JSON API instead (the page keeps its charts); its inline onsubmit asked
+  // for confirmation first. Without this script the form posts to the page's own view.
+  function onDeviceAction(event) {
+    const form = event.target.closest('form.device-action');
+    if (!form || event.defaultPrevented) return;
+    event.preventDefault();
+    const device = form.elements.device ? form.elements.device.value : '';
+    const token = form.elements.csrfmiddlewaretoken ? form.elements.csrfmiddlewaretoken.value : '';
+    const url = page.wsUrl.replace('/ws/jobs/', '/api/jobs/') + form.dataset.action + '/';
+    const say = (text) => {
+      const el = $('action-message');
+      if (el) el.textContent = text;
+    };
+    fetch(url, {
+      method: 'POST',
+      credentials: 'same-origin',
+      headers: { 'Content-Type': 'application/json', 'X-CSRFToken': token },
+      body: JSON.stringify({ device: device }),
+    })
+      .then((r) => r.json().then((body) => [r.ok, body]))
+      .then(([ok, body]) => say(ok ? device + ': ' + form.dataset.action + ' asked; the event log follows it'
+        : 'Not done: ' + (body.error || 'the site refused')))
+      .catch(() => say('Not done: the site did not answer'));
+  }
+
   function start() {
+    document.addEventListener('submit', onDeviceAction);
     if (!page.wsUrl) {
       console.warn('live.js: #live has no data-ws-url');
       return;

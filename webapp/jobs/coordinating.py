@@ -46,6 +46,7 @@ COORDINATOR_EVENTS = ("device-lost", "replan", "replay", "recovered", "device-le
 POLL_S = 0.05  # how often a coordinator reads new device events
 WATCH_S = 0.5  # how often the process looks for new jobs, cancelled jobs and administrators' actions
 OFFLINE_CHECK_S = 1.0
+GONE = (JobDevice.State.LEFT, JobDevice.State.LOST, JobDevice.State.STOPPED)  # rows that must be claimed again
 RESEND_S = 2.0  # how often `start` is sent again to an agent whose device process has not started
 
 
@@ -72,7 +73,9 @@ class RemoteFleet:
         return JobDevice.objects.filter(job_id=self.job_id, name=name).first()
 
     def spawn(self, name: str, target, cfg) -> None:
-        row = self._row(name) or self._claim(name)
+        row = self._row(name)
+        if row is None or row.state in GONE:  # a standby device taking over, or one that left coming back
+            row = self._claim(name, row)
         if row is None or row.device_id is None:
             self.codes[name], self.whys[name] = 1, "is not online and idle: it cannot take over"
             return
@@ -87,15 +90,19 @@ class RemoteFleet:
         self.starting[name] = [row.device_id, msg, time.monotonic()]
         tell_agent(row.device_id, msg)
 
-    def _claim(self, name: str) -> JobDevice | None:
-        """A standby device (planned for, left out of the plan until now) taking over: it joins the job if it is
-        online and idle; None when it is not."""
+    def _claim(self, name: str, row: JobDevice | None) -> JobDevice | None:
+        """A device (re)joining the job: a standby one (planned for, left out of the plan until now) taking over,
+        or one that left or was lost coming back. It takes part if it is online and idle; None when not."""
         with transaction.atomic():
             device = Device.objects.select_for_update().filter(name=name).first()
-            if device is None or not device.available:
+            if device is None or not (device.available or device.job_id == self.job_id):
                 return None
-            rank = (JobDevice.objects.filter(job_id=self.job_id).aggregate(top=Max("rank"))["top"] or 0) + 1
-            row = JobDevice.objects.create(job_id=self.job_id, device=device, name=name, rank=rank, accepted=True)
+            if row is None:
+                rank = (JobDevice.objects.filter(job_id=self.job_id).aggregate(top=Max("rank"))["top"] or 0) + 1
+                row = JobDevice.objects.create(job_id=self.job_id, device=device, name=name, rank=rank, accepted=True)
+            else:
+                JobDevice.objects.filter(pk=row.pk).update(device=device, state=JobDevice.State.ASSIGNED)
+                row.device_id = device.pk
             Device.objects.filter(pk=device.pk).update(status=Device.Status.BUSY, job_id=self.job_id)
         return row
 
@@ -118,10 +125,12 @@ class RemoteFleet:
             self.last = pk
             if data["type"] in ("device-start", "job-stopped", "device-error"):
                 self.starting.pop(data["device"], None)
-            if data["type"] == "job-stopped":  # the device's process ended without done or error: gone
-                if data["reason"] != "cancelled":
-                    self.codes.setdefault(data["device"], -9 if "SIGKILL" in data.get("why", "") else 1)
-                    self.whys.setdefault(data["device"], data.get("why") or data["reason"].replace("-", " "))
+            if data["type"] == "job-stopped":  # the device's process ended without done or error
+                if data["reason"] == "left":  # as the coordinator asked: exit status 0
+                    self.codes[data["device"]] = 0
+                elif data["reason"] != "cancelled":  # gone
+                    self.codes[data["device"]] = -9 if "SIGKILL" in data.get("why", "") else 1
+                    self.whys[data["device"]] = data.get("why") or data["reason"].replace("-", " ")
             else:
                 self.pending.append(dict(data))
 
@@ -340,16 +349,14 @@ def _carry_out(action: JobAction, coordinator) -> None:
     who = action.user.get_username() if action.user else "an administrator"
     if action.kind == JobAction.Kind.REMOVE:
         coordinator.leave(action.device)
-        _done(action, "leaves at the next iteration boundary")
-        job_log(action.job, f"{who} removed device {action.device}: it leaves at the next iteration boundary")
+        _done(action, f"asked by {who}: leaves at the next iteration boundary")
         return
     device = Device.objects.filter(name=action.device).first()
     if device is None:
         _done(action, "not done: the device is no longer registered")
         return
     coordinator.join(device.to_engine())
-    _done(action, "joins at the next iteration boundary")
-    job_log(action.job, f"{who} added device {action.device}: it joins at the next iteration boundary")
+    _done(action, f"asked by {who}: joins at the next iteration boundary")
 
 
 def _done(action: JobAction, outcome: str) -> None:

@@ -93,7 +93,9 @@ def _apply(row: JobDevice, ev: dict) -> None:
             job_log(job, f"{row.name} stopped{where}: {ev.get('message')}", "warning")
     elif kind == "job-stopped":
         unfinished = row.state not in (JobDevice.State.DONE, JobDevice.State.FAILED, JobDevice.State.LEFT)
-        if unfinished and ev["reason"] != "cancelled" and job.status in Job.ACTIVE:
+        if unfinished and ev["reason"] == "left":  # the coordinator let it go (a leave, a plan without it)
+            _device_state(row, JobDevice.State.LEFT)
+        elif unfinished and ev["reason"] != "cancelled" and job.status in Job.ACTIVE:
             # its part is gone while the job runs: the job's coordinator recovers without it (or fails the job),
             # and its log line says so with the iteration
             _device_state(row, JobDevice.State.LOST)

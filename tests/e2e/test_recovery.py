@@ -1,0 +1,144 @@
+"""End to end, fault tolerance on the system `make run` starts: a device's process killed mid-job (rank 0 and
+another) is recovered by the job's coordinator on the site and the job completes with all its iterations; an
+administrator removes a device from a running job and adds one, and nothing is replayed; and the same recovery
+watched live in Chromium (the device turns red, the status says recovering, the log tells each step, the
+throughput chart marks the dip and the recovery)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.conftest import ADMIN_PASSWORD
+from tests.e2e.test_training import CHROMIUM, CHROMIUM_FLAGS, SHOTS
+
+JOB = {"model": "mobilenetv2", "dataset": "synthetic", "batch_size": 64, "iterations": 8}
+
+
+def planned(system, job: dict) -> dict:
+    new = system.api("/api/jobs/", {**JOB, **job})
+    done = system.wait("the plan", lambda: (j := system.api(f"/api/jobs/{new['id']}/"))["status"] not in
+                       ("queued", "planning") and j, 120)  # fmt: skip
+    assert done["status"] == "planned", done["message"]
+    return done
+
+
+def reached(system, job_id: int, iteration: int, timeout: float = 240) -> dict:
+    """Wait until the job has finished iteration `iteration` (0-based) and is running."""
+    return system.wait(
+        f"iteration {iteration + 1}",
+        lambda: (
+            (j := system.api(f"/api/jobs/{job_id}/"))["status"] == "running"
+            and (j["latest"].get("iteration") or 0) >= iteration
+            and j
+        ),
+        timeout,
+    )
+
+
+def ended(system, job_id: int, timeout: float = 300) -> dict:
+    return system.wait("the job's end", lambda: (j := system.api(f"/api/jobs/{job_id}/"))["finished_at"] and j, timeout)
+
+
+def log_lines(system, job_id: int) -> list[str]:
+    code = f"from webapp.jobs.models import JobEvent\nfor e in JobEvent.objects.filter(job_id={job_id}, type='log'): "
+    return system.manage("shell", "-c", code + "print(e.data['message'])").splitlines()
+
+
+@pytest.mark.parametrize("rank", [0, 1], ids=["rank-0", "another-rank"])
+def test_a_device_process_killed_mid_job_is_recovered_and_the_job_completes(system, rank):
+    job = planned(system, {})
+    assert len(job["devices"]) > rank, job["plan"]
+    launched = system.api(f"/api/jobs/{job['id']}/launch/", {})
+    assert launched["status"] == "running"
+    reached(system, job["id"], 1)
+    victim = job["devices"][rank]
+    system.api(f"/api/jobs/{job['id']}/kill/", {"device": victim})
+    final = ended(system, job["id"])
+    lines = log_lines(system, job["id"])
+    assert final["status"] == "completed", final["message"] + "\n" + "\n".join(lines) + "\n" + system.tail()
+    assert final["message"].startswith(f"{JOB['iterations']} iterations"), final["message"]  # all, each once
+    assert final["latest"]["iteration"] == JOB["iterations"] - 1
+    assert [g["reason"] for g in final["generations"]] == ["start", "lost"]
+    assert any(line.startswith(f"device {victim} lost at iteration") for line in lines), lines
+    assert any(line.startswith("re-planned in") for line in lines), lines
+    assert any(line.startswith(f"recovered: {victim} lost during iteration") for line in lines), lines
+    assert f"admin killed the process of device {victim} (SIGKILL)" in lines
+    devices = {d["name"]: d for d in system.api("/api/devices/")["devices"]}
+    system.wait("the devices free", lambda: all(d["job"] is None for d in system.api("/api/devices/")["devices"]), 30)
+    assert devices[victim]["status"] in ("online", "busy")  # its agent lives on: only the process was killed
+
+
+def test_an_administrator_removes_then_adds_a_device_and_nothing_is_replayed(system):
+    job = planned(system, {"iterations": 10})
+    assert len(job["devices"]) >= 2, job["plan"]
+    system.api(f"/api/jobs/{job['id']}/launch/", {})
+    reached(system, job["id"], 1)
+    leaving = job["devices"][-1]
+    system.api(f"/api/jobs/{job['id']}/remove/", {"device": leaving})
+    system.wait(f"{leaving} gone", lambda: any(line.startswith(f"device {leaving} left after iteration")
+                                               for line in log_lines(system, job["id"])), 240)  # fmt: skip
+    system.wait(f"{leaving} idle", lambda: next(d for d in system.api("/api/devices/")["devices"]
+                                                if d["name"] == leaving)["job"] is None, 30)  # fmt: skip
+    at = system.api(f"/api/jobs/{job['id']}/")["latest"]["iteration"]
+    if at < JOB["iterations"] - 3:  # room left to join before the end
+        system.api(f"/api/jobs/{job['id']}/add/", {"device": leaving})
+    final = ended(system, job["id"])
+    lines = log_lines(system, job["id"])
+    assert final["status"] == "completed", final["message"] + "\n" + "\n".join(lines)
+    assert final["message"].startswith("10 iterations"), final["message"]
+    assert not any("replaying" in line for line in lines), "\n".join(lines)  # a graceful change loses nothing
+    reasons = [g["reason"] for g in final["generations"]]
+    assert reasons[:2] == ["start", "left"], reasons
+    assert f"admin asked to remove device {leaving} from the job" in lines
+
+
+def test_a_staff_member_kills_a_device_from_the_live_page_and_watches_the_recovery(system, tmp_path, monkeypatch):
+    if not Path(CHROMIUM).exists():
+        pytest.skip("no chromium (make test installs Debian's chromium where it runs as root)")
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    from playwright.sync_api import expect, sync_playwright
+
+    job = planned(system, {"iterations": 10})
+    system.api(f"/api/jobs/{job['id']}/launch/", {})
+    shots = SHOTS or tmp_path
+    shots.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+        page = browser.new_page(viewport={"width": 1366, "height": 1000})
+        page.set_default_timeout(30_000)
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.on("dialog", lambda dialog: dialog.accept())  # the kill button asks for confirmation
+        page.goto(system.url + "/")
+        page.fill("#id_username", "admin")
+        page.fill("#id_password", ADMIN_PASSWORD)
+        page.click("button[type=submit]")
+        page.goto(system.url + f"/jobs/{job['id']}/live/")
+        points = "() => (document.getElementById('throughput-chart').data || [{x: []}])[0].x.length"
+        page.wait_for_function(f"{points} >= 2", timeout=240_000)
+        victim = job["devices"][0]
+        page.evaluate("""() => {  // every status the page shows, however briefly (recovering lasts seconds)
+            const el = document.getElementById('job-status');
+            window.seenStatuses = [el.textContent];
+            new MutationObserver(() => window.seenStatuses.push(el.textContent))
+                .observe(el, {childList: true, characterData: true, subtree: true});
+        }""")
+        page.click(f'form.kill-device button[data-device="{victim}"]')
+        row = page.locator(f'#device-states tr[data-device="{victim}"] .state')
+        expect(row).to_have_text("lost", timeout=30_000)
+        expect(row).to_have_class("state state-lost")
+        expect(page.locator("#event-log")).to_contain_text(f"device {victim} lost at iteration", timeout=30_000)
+        expect(page.locator("#event-log")).to_contain_text("re-planned in", timeout=60_000)
+        expect(page.locator("#event-log")).to_contain_text("recovered:", timeout=120_000)
+        marks = "() => (document.getElementById('throughput-chart').layout.shapes || []).length"
+        page.wait_for_function(f"{marks} >= 2")  # the loss and the recovery
+        page.screenshot(path=str(shots / "recovery.png"), full_page=True)
+        expect(page.locator("#job-status")).to_have_text("completed", timeout=240_000)
+        seen = page.evaluate("() => window.seenStatuses")
+        assert "recovering" in seen and seen.index("recovering") < len(seen) - 1, seen  # then running, completed
+        page.goto(system.url + f"/jobs/{job['id']}/")
+        expect(page.locator("#generations tbody tr")).to_have_count(2)
+        browser.close()
+    assert not errors, errors
