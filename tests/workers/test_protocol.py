@@ -307,3 +307,31 @@ def test_stopping_the_agent_ends_its_run(site):
     assert not alive(pid)  # stopped with the agent, not left training
     (stopped,) = site.events("tx2-2", "job-stopped", job)  # sent before the agent said goodbye
     assert stopped["reason"] == "agent-stopped"
+
+
+def test_a_coordinated_start_needs_no_assign_and_a_killed_process_is_reported_as_lost(site, agents):
+    """The site's coordinator starts a device into a generation itself (no assign first): the process joins the
+    coordinator's store and beats; killed at the site's request it is a lost device (job-stopped, died, and how),
+    not an error of its own."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from engine.runtime.control import key
+
+    store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=20), wait_for_workers=False)
+    job = next(jobs)
+    start = {"type": "start", "job": job, "coordinated": True, "name": "nano-1", "host": "127.0.0.1",
+             "port": store.port, "generation": 0, "plan": solo_plan("nano-1").to_dict(), "options": OPTIONS,
+             "predicted_iteration_s": 0.05}  # fmt: skip
+    site.send("nano-1", {**start, "name": ""})  # malformed: refused with the reason
+    (refused,) = site.wait(lambda: site.events("nano-1", "device-error", job), 10, "the refusal")
+    assert "needs a device name and a generation" in refused["message"]
+    site.send("nano-1", start)
+    beats = key("hb", "nano-1")
+    site.wait(lambda: store.check([beats]) and store.add(beats, 0) > 0, START_S, "the device's heartbeats")
+    site.send("nano-1", {"type": "kill", "job": job})
+    site.wait(lambda: len(site.events("nano-1", "job-stopped", job)) == 2, 10, "job-stopped")
+    stopped = site.events("nano-1", "job-stopped", job)[-1]
+    assert stopped == {"type": "job-stopped", "device": "nano-1", "reason": "died", "why": "died (SIGKILL)"}
+    assert len(site.events("nano-1", "device-error", job)) == 1  # only the refusal: a loss is not its own error
