@@ -204,8 +204,12 @@ def serve(port: int, redis_url: str, redis_note: str, admin_password: str | None
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the shutdown short
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        for proc in [*agents.values(), *reversed(procs.values())]:
-            stop(proc)
+        # the coordinators first: a job's coordinator must not take its agents' stopping for lost devices (it
+        # stops without ending the job, which resumes from its central replica when the site starts again)
+        coordinators = procs.pop("coordinators", None)
+        for proc in [coordinators, *agents.values(), *reversed(procs.values())]:
+            if proc is not None:
+                stop(proc)
 
 
 def main() -> int:

@@ -47,6 +47,7 @@ POLL_S = 0.05  # how often a coordinator reads new device events
 WATCH_S = 0.5  # how often the process looks for new jobs, cancelled jobs and administrators' actions
 OFFLINE_CHECK_S = 1.0
 GONE = (JobDevice.State.LEFT, JobDevice.State.LOST, JobDevice.State.STOPPED)  # rows that must be claimed again
+SITE_STOPPING = "the site is stopping"  # a coordinator stopped for this leaves its job running: it resumes
 RESEND_S = 2.0  # how often `start` is sent again to an agent whose device process has not started
 
 
@@ -290,6 +291,9 @@ def coordinate(job_id: int, ready: threading.Event | None = None, registry: dict
     try:
         coordinator.run()
     except RunFailed as exc:
+        if coordinator.stop_reason == SITE_STOPPING:  # the next coordinators process takes the job up again
+            log.info("job %s: coordinator stopped with the site; the run resumes when it starts again", job_id)
+            return "stopped"
         job.refresh_from_db()
         if not job.finished:
             fail(job, str(exc))
@@ -340,7 +344,7 @@ class Coordinators:
 
     def stop(self) -> None:
         for coordinator in list(self.running.values()):
-            coordinator.stop("the site is stopping")
+            coordinator.stop(SITE_STOPPING)
         for thread in list(self.threads.values()):
             thread.join(10)
 
