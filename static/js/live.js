@@ -762,7 +762,7 @@
   }
 
   function start() {
-    document.addEventListener('submit', onDeviceAction);
+    window.addEventListener('submit', onDeviceAction); // submit bubbles up to the window
     if (!page.wsUrl) {
       console.warn('live.js: #live has no data-ws-url');
       return;

@@ -6,6 +6,8 @@ throughput chart marks the dip and the recovery)."""
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -94,15 +96,17 @@ def test_an_administrator_removes_then_adds_a_device_and_nothing_is_replayed(sys
     assert f"admin asked to remove device {leaving} from the job" in lines
 
 
-def test_a_staff_member_kills_a_device_from_the_live_page_and_watches_the_recovery(system, tmp_path, monkeypatch):
+@pytest.mark.parametrize("rank", [0, 1], ids=["rank-0", "another-rank"])
+def test_a_staff_member_kills_a_device_from_the_live_page_and_watches_the_recovery(system, tmp_path, monkeypatch, rank):
     if not Path(CHROMIUM).exists():
         pytest.skip("no chromium (make test installs Debian's chromium where it runs as root)")
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     from playwright.sync_api import expect, sync_playwright
 
     job = planned(system, {"iterations": 10})
+    assert len(job["devices"]) > rank, job["plan"]
     system.api(f"/api/jobs/{job['id']}/launch/", {})
-    shots = SHOTS or tmp_path
+    shots = (SHOTS or tmp_path) if rank == 0 else tmp_path  # the README shows rank 0's
     shots.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
@@ -118,7 +122,7 @@ def test_a_staff_member_kills_a_device_from_the_live_page_and_watches_the_recove
         page.goto(system.url + f"/jobs/{job['id']}/live/")
         points = "() => (document.getElementById('throughput-chart').data || [{x: []}])[0].x.length"
         page.wait_for_function(f"{points} >= 2", timeout=240_000)
-        victim = job["devices"][0]
+        victim = job["devices"][rank]
         page.evaluate("""() => {  // every status the page shows, however briefly (recovering lasts seconds)
             const el = document.getElementById('job-status');
             window.seenStatuses = [el.textContent];
@@ -142,3 +146,32 @@ def test_a_staff_member_kills_a_device_from_the_live_page_and_watches_the_recove
         expect(page.locator("#generations tbody tr")).to_have_count(2)
         browser.close()
     assert not errors, errors
+
+
+def agent_pid(name: str) -> int:
+    """The pid of the emulated agent of device `name` (its command line names its state file)."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                args = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"workers.agent" in args and any(a.endswith(f"/{name}.json".encode()) for a in args):
+                return int(entry.name)
+    raise AssertionError(f"no agent process for {name}")
+
+
+def test_a_killed_agent_takes_its_device_process_along_and_the_job_recovers(system):
+    """Last in this module: the agent stays dead (the launcher says so), so its device is gone for good."""
+    job = planned(system, {})
+    system.api(f"/api/jobs/{job['id']}/launch/", {})
+    reached(system, job["id"], 1)
+    victim = job["devices"][-1]
+    os.kill(agent_pid(victim), signal.SIGKILL)  # its device process dies with it (with its fork server)
+    final = ended(system, job["id"])
+    lines = log_lines(system, job["id"])
+    assert final["status"] == "completed", final["message"] + "\n" + "\n".join(lines)
+    assert final["message"].startswith(f"{JOB['iterations']} iterations"), final["message"]
+    assert any(line.startswith(f"device {victim} lost at iteration") for line in lines), lines
+    system.wait(f"{victim} offline", lambda: next(d for d in system.api("/api/devices/")["devices"]
+                                                  if d["name"] == victim)["status"] == "offline", 60)  # fmt: skip

@@ -10,7 +10,7 @@ from webapp.jobs.models import Job, JobDevice
 from webapp.jobs.tasks import health_check, plan_job
 
 
-def test_a_silent_device_goes_offline_and_its_coordinator_sees_it_gone(bob, cluster_c):
+def test_a_silent_device_goes_offline_and_its_coordinator_sees_it_gone_if_it_had_not_started(bob, cluster_c):
     from webapp.jobs.coordinating import RemoteFleet
 
     nx, tx2 = cluster_c[0], cluster_c[1]
@@ -20,6 +20,7 @@ def test_a_silent_device_goes_offline_and_its_coordinator_sees_it_gone(bob, clus
         JobDevice.objects.create(job=job, device=d, name=d.name, rank=rank, state="training")
     Device.objects.filter(pk__in=[nx.pk, tx2.pk]).update(status="busy", job=job)
     fleet = RemoteFleet(job.pk)
+    fleet.starting = {"tx2-0": [tx2.pk, {}, 0.0], "nx-0": [nx.pk, {}, 0.0]}  # told to start, not started yet
     assert fleet.exitcode("tx2-0") is None and fleet.exitcode("nx-0") is None
     Device.objects.filter(pk=tx2.pk).update(last_heartbeat=now - timedelta(seconds=16))
     assert health_check() == {"offline": 1, "unaccepted": 0}

@@ -154,12 +154,14 @@ class RemoteFleet:
         if name in self.codes:
             return self.codes[name]
         t = time.monotonic()
-        if t - self.offline_checked > OFFLINE_CHECK_S:  # an agent that went silent took its process with it
+        if self.starting and t - self.offline_checked > OFFLINE_CHECK_S:
+            # a device told to start whose agent is offline will not start; one that started is watched by its
+            # heartbeats on the store instead (its agent may only have lost its socket: it resends its events)
             self.offline_checked = t
             gone = JobDevice.objects.filter(job_id=self.job_id, device__status=Device.Status.OFFLINE)
-            for row_name in gone.values_list("name", flat=True):
-                self.codes.setdefault(row_name, 1)
-                self.whys.setdefault(row_name, "its agent went offline")
+            for row_name in gone.filter(name__in=list(self.starting)).values_list("name", flat=True):
+                self.codes[row_name], self.whys[row_name] = 1, "its agent went offline"
+                self.starting.pop(row_name, None)
         return self.codes.get(name)
 
     def why(self, name: str) -> str:
@@ -274,6 +276,10 @@ def coordinate(job_id: int, ready: threading.Event | None = None, registry: dict
         coordinator = coordinator_for(job)
     except UserError as exc:
         fail(job, f"cannot coordinate the run: {exc}")
+        return "failed"
+    except Exception as exc:  # a bug: fail the job once rather than start its coordinator again and again
+        log.exception("starting the coordinator of job %s", job_id)
+        fail(job, f"cannot coordinate the run: {type(exc).__name__}: {exc}")
         return "failed"
     at = coordinator.resume["iteration"] if coordinator.resume is not None else 0
     first = {

@@ -92,6 +92,32 @@ def test_a_graceful_leave_and_a_join_lose_nothing_and_replay_nothing(reference):
     assert [g["reason"] for g in result.generations] == ["start", "left", "joined"]
 
 
+def test_a_leave_and_a_join_asked_while_the_run_goes_on_lose_nothing_and_replay_nothing(reference):
+    """What the site does when an administrator removes or adds a device: Coordinator.leave and .join from
+    another thread, taking effect at the next iteration boundary."""
+    from engine.devices import Device
+    from engine.runtime.coordinator import Coordinator
+
+    events = []
+
+    def on_event(ev):
+        events.append(ev)
+        if ev["type"] == "iteration" and ev["iteration"] == 1 and ev["generation"] == 0:
+            threading.Thread(target=coordinator.leave, args=("nano-3",)).start()
+            threading.Thread(target=coordinator.join, args=(Device.of_kind("nx-9", "nx"),)).start()
+
+    coordinator = Coordinator(_plan(), model_workload(MODEL), OPTIONS, emit=on_event, replicate_every=2)
+    collected = coordinator.run()
+    losses = [coordinator.iterations[k]["loss"] for k in sorted(coordinator.iterations)]
+    assert [round(x, 4) for x in losses] == [round(x, 4) for x in reference.loss]
+    state = collected.state_dict()
+    assert max((state[k] - reference.state_dict[k]).abs().max().item() for k in reference.state_dict) < 1e-5
+    assert _kinds(events, "device-left")[0]["device"] == "nano-3"
+    assert [e["device"] for e in _kinds(events, "device-joined")] == ["nx-9"]
+    assert not _kinds(events, "replay") and not _kinds(events, "device-lost")
+    assert [g["reason"] for g in coordinator.plans][0] == "start" and len(coordinator.plans) >= 2
+
+
 def test_a_device_killed_from_outside_by_pid_is_recovered(reference):
     pids, events = {}, []
 
