@@ -172,6 +172,7 @@ def test_disabling_a_busy_device_keeps_its_job_and_removing_it_is_a_graceful_lea
 # -- messages --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.django_db(transaction=True)  # the agent socket's consumer reads the database from its own threads
 def test_an_agent_cannot_forge_a_recovery_or_speak_for_another_device(job):
     _, credential = enrolled("tx2-9")
     Device.objects.filter(name="tx2-9").update(job=job)
