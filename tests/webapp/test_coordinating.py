@@ -144,7 +144,7 @@ def test_a_finished_job_takes_no_actions_and_the_last_device_cannot_leave(job, c
     assert r.status_code == 409 and "last device" in r.json()["error"]
     Job.objects.filter(pk=job.pk).update(status="completed")
     r = client.post(f"/api/jobs/{job.pk}/kill/", {"device": "tx2-0"}, content_type="application/json")
-    assert r.status_code == 409 and "running job only" in r.json()["error"]
+    assert r.status_code == 409 and "only while a job runs" in r.json()["error"]
 
 
 def test_an_idle_device_added_to_a_running_job_takes_part_in_it(job, client, alice):

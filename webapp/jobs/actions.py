@@ -22,8 +22,8 @@ class ActionError(Exception):
 
 def _running(job: Job) -> None:
     if job.status not in Job.ACTIVE or job.started_at is None:
-        raise ActionError(f"job {job.pk} is {job.status if job.started_at else 'not started yet'}: "
-                          "devices are added to or removed from a running job only")  # fmt: skip
+        raise ActionError(f"job {job.pk} is {job.status if job.started_at else 'not started yet'}: devices are "
+                          "removed, added or killed only while a job runs")  # fmt: skip
 
 
 def _member(job: Job, name: str) -> JobDevice:
