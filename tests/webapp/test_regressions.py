@@ -291,3 +291,17 @@ def test_the_live_page_stops_on_a_refusal_and_says_why(tmp_path, code, status):
     assert page["sockets"] == 1 and page["state"] == "closed"
     assert page["status"] == status and page["message"].endswith(".") and len(page["message"]) > 20
     assert _live_page(tmp_path, "nx-0", 1006)["sockets"] == 2  # a dropped connection is retried
+
+
+def test_a_post_to_an_unknown_api_path_is_a_404_not_a_csrf_failure(bob):
+    # Bug: the catch-all /api/ route was not CSRF-exempt, so a script's POST to a mistyped path got
+    # {"error": "forbidden"} (403) instead of saying there is no such endpoint.
+    from django.test import Client
+
+    from webapp.accounts.models import ApiToken
+
+    _, token = ApiToken.issue(bob)
+    response = Client(enforce_csrf_checks=True).post(
+        "/api/jobs/1/explode/", "{}", content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}"
+    )
+    assert response.status_code == 404 and "no API endpoint at /api/jobs/1/explode/" in response.json()["error"]
