@@ -17,9 +17,11 @@ from __future__ import annotations
 import ctypes
 import io
 import multiprocessing as mp
+import os
 import queue as queue_mod
 import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -46,14 +48,23 @@ def process_context():
 def _child(target: Target, cfg, events) -> None:
     """A device process: `target(cfg, emit)`, its events into the queue, its exit status out."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    try:  # die with the fork server, which dies with the parent: no orphan keeps training after a crash
+    try:  # die with the fork server (it stays up while any of its children lives, so this alone is not enough)
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG (Linux)
     except (OSError, AttributeError):
         pass
+    parent = mp.parent_process()  # the launcher or agent that started it: its sentinel closes when it dies
+    if parent is not None:
+        threading.Thread(target=_die_with, args=(parent,), name="parent-watch", daemon=True).start()
     code = target(cfg, events.put)
     events.close()
     events.join_thread()  # every event is in the pipe before the process exits
     sys.exit(code)
+
+
+def _die_with(parent) -> None:
+    """No orphan keeps training after its launcher or agent crashed (its peers would wait on it for ever)."""
+    parent.join()
+    os._exit(1)
 
 
 def error_event(device: str, iteration: int, exc: BaseException, peer_errors: tuple[type, ...]) -> dict:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -40,7 +41,14 @@ def reached(system, job_id: int, iteration: int, timeout: float = 240) -> dict:
 
 
 def ended(system, job_id: int, timeout: float = 300) -> dict:
-    return system.wait("the job's end", lambda: (j := system.api(f"/api/jobs/{job_id}/"))["finished_at"] and j, timeout)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = system.api(f"/api/jobs/{job_id}/")
+        if job["finished_at"]:
+            return job
+        time.sleep(0.5)
+    pytest.fail(f"job {job_id} did not end within {timeout:.0f} s: {job['status']}, {job['message']}\n"
+                + "\n".join(log_lines(system, job_id)) + "\n" + system.tail(200))  # fmt: skip
 
 
 def log_lines(system, job_id: int) -> list[str]:
