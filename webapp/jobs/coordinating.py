@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from django.conf import settings
-from django.db import close_old_connections, transaction
+from django.db import connection, transaction
 from django.db.models import Max
 from django.utils import timezone
 
@@ -296,6 +296,8 @@ def coordinate(job_id: int, ready: threading.Event | None = None, registry: dict
         ready.set()
     try:
         coordinator.run()
+        finish(job)
+        return "completed"
     except RunFailed as exc:
         if coordinator.stop_reason == SITE_STOPPING:  # the next coordinators process takes the job up again
             log.info("job %s: coordinator stopped with the site; the run resumes when it starts again", job_id)
@@ -311,9 +313,7 @@ def coordinate(job_id: int, ready: threading.Event | None = None, registry: dict
     finally:
         if registry is not None:
             registry.pop(job_id, None)
-        close_old_connections()
-    finish(job)
-    return "completed"
+        connection.close()  # this thread's own database connection
 
 
 class Coordinators:
