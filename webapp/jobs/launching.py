@@ -3,7 +3,7 @@
 tells every agent to start its device process.
 
 Claims are conditional UPDATEs (`filter(status=old).update(status=new) == 1`), so two requests cannot both launch
-a job, nor two agents' acceptances both send `start`.
+a job, nor two agents' acceptances both start it.
 """
 
 from __future__ import annotations
