@@ -199,7 +199,8 @@ class Connection:
                     self.runner.start(msg)
                 except UserError as exc:
                     log.warning("cannot start job %s: %s", msg.get("job"), exc)
-                    self.runner.refuse(msg.get("job"), str(exc))
+                    # a coordinator's start refused is a device it cannot have (job-stopped), not a failed job
+                    self.runner.refuse(msg.get("job"), str(exc), own=msg.get("coordinated") is not True)
             elif kind == "cancel":
                 self.runner.cancel(msg.get("job"))
             elif kind == "kill":

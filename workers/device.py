@@ -168,14 +168,16 @@ class Runner:
         if thread is not None:
             thread.join(timeout)
 
-    def refuse(self, job, message: str) -> None:
-        """Tell the site this device cannot take part in `job` (a `device-error`, then `job-stopped` rejected)."""
+    def refuse(self, job, message: str, own: bool = True) -> None:
+        """Tell the site this device cannot take part in `job`: a `device-error` (with `own`: its failure), then
+        `job-stopped` rejected, saying why."""
         with self._lock:
             name = self._name if job == self._job else self.device
             if job == self._job and self._thread is None:
                 self._clear()
-        self.outbox.add(job, DeviceError(name, -1, message).to_message())
-        self.outbox.add(job, JobStopped(name, "rejected").to_message())
+        if own:
+            self.outbox.add(job, DeviceError(name, -1, message).to_message())
+        self.outbox.add(job, JobStopped(name, "rejected", "" if own else message).to_message())
 
     def _stop(self, job, reason: str) -> None:
         with self._lock:

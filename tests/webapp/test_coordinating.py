@@ -96,9 +96,13 @@ def test_a_standby_device_is_claimed_when_the_coordinator_starts_it(job):
     row = JobDevice.objects.get(job=job, name="nano-0")
     assert row.state == "starting" and row.accepted and row.rank == 2
     assert Device.objects.get(name="nano-0").job_id == job.pk and fleet.exitcode("nano-0") is None
-    Device.objects.filter(name="nano-1").update(status="offline")
+    Device.objects.filter(name="nano-1").update(status="disabled")
     fleet.spawn("nano-1", None, cfg)
-    assert fleet.exitcode("nano-1") == 1 and "not online and idle" in fleet.why("nano-1")
+    assert fleet.exitcode("nano-1") == 1 and "disabled, failed, removed or in another job" in fleet.why("nano-1")
+    Job.objects.filter(pk=job.pk).update(status="cancelled")  # nothing is claimed for a job that ended
+    Device.objects.filter(name="nano-1").update(status="online")
+    fleet.spawn("nano-1", None, cfg)
+    assert fleet.exitcode("nano-1") == 1 and Device.objects.get(name="nano-1").job_id is None
 
 
 # -- staff's actions ---------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ def test_a_silent_device_goes_offline_and_its_coordinator_sees_it_gone_if_it_had
         JobDevice.objects.create(job=job, device=d, name=d.name, rank=rank, state="training")
     Device.objects.filter(pk__in=[nx.pk, tx2.pk]).update(status="busy", job=job)
     fleet = RemoteFleet(job.pk)
-    fleet.starting = {"tx2-0": [tx2.pk, {}, 0.0], "nx-0": [nx.pk, {}, 0.0]}  # told to start, not started yet
+    fleet.starting = {"tx2-0": [tx2.pk, {}, -1e9, -1e9], "nx-0": [nx.pk, {}, -1e9, -1e9]}  # told to start long ago
     assert fleet.exitcode("tx2-0") is None and fleet.exitcode("nx-0") is None
     Device.objects.filter(pk=tx2.pk).update(last_heartbeat=now - timedelta(seconds=16))
     assert health_check() == {"offline": 1, "unaccepted": 0}

@@ -43,10 +43,13 @@ def remove_device(job: Job, name: str, user) -> JobAction:
     """Ask the job's coordinator to let `name` leave at the next iteration boundary (its layers handed over)."""
     _running(job)
     _member(job, name)
-    if JobAction.objects.filter(job=job, device=name, kind=JobAction.Kind.REMOVE, done_at__isnull=True).exists():
+    actions = JobAction.objects.filter(job=job, kind__in=("remove", "add")).order_by("id")
+    latest = dict(actions.values_list("device", "kind"))  # each device's last remove or add
+    leaving = [d for d, kind in latest.items() if kind == JobAction.Kind.REMOVE]  # not added back since
+    if name in leaving:
         raise ActionError(f"device {name} is already leaving job {job.pk}")
     others = JobDevice.objects.filter(job=job, state__in=TAKING_PART).exclude(name=name)
-    if not others.exists():
+    if not others.exclude(name__in=leaving).exists():
         raise ActionError(f"device {name} is the last device of job {job.pk}: cancel the job instead")
     action = JobAction.objects.create(job=job, kind=JobAction.Kind.REMOVE, device=name, user=user)
     job_log(job, f"{_who(user)} asked to remove device {name} from the job")

@@ -22,11 +22,12 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Max
+from django.db.models import Max, Q
 from django.utils import timezone
 
 from engine.errors import UserError
@@ -35,7 +36,7 @@ from webapp.devices.models import Device
 from webapp.jobs.artifacts import job_dir
 from webapp.jobs.ending import fail, finish, release
 from webapp.jobs.models import Job, JobAction, JobDevice, JobEvent
-from webapp.jobs.notify import browser_event, job_log, notify, set_status
+from webapp.jobs.notify import browser_event, job_log, notify
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,7 @@ WATCH_S = 0.5  # how often the process looks for new jobs, cancelled jobs and ad
 OFFLINE_CHECK_S = 1.0
 GONE = (JobDevice.State.LEFT, JobDevice.State.LOST, JobDevice.State.STOPPED)  # rows that must be claimed again
 SITE_STOPPING = "the site is stopping"  # a coordinator stopped for this leaves its job running: it resumes
+LATE_S = 30.0
 RESEND_S = 2.0  # how often `start` is sent again to an agent whose device process has not started
 
 
@@ -63,7 +65,9 @@ class RemoteFleet:
 
     def __init__(self, job_id: int):
         self.job_id = job_id
-        self.last = JobEvent.objects.filter(job_id=job_id).order_by("-pk").values_list("pk", flat=True).first() or 0
+        self.first = JobEvent.objects.filter(job_id=job_id).order_by("-pk").values_list("pk", flat=True).first() or 0
+        self.last = self.first  # events before it are an earlier coordinator's
+        self.seen: set[int] = set()
         self.pending: collections.deque[dict] = collections.deque()
         self.codes: dict[str, int] = {}
         self.whys: dict[str, str] = {}
@@ -78,7 +82,7 @@ class RemoteFleet:
         if row is None or row.state in GONE:  # a standby device taking over, or one that left coming back
             row = self._claim(name, row)
         if row is None or row.device_id is None:
-            self.codes[name], self.whys[name] = 1, "is not online and idle: it cannot take over"
+            self.codes[name], self.whys[name] = 1, "cannot take part: it is disabled, failed, removed or in another job"
             return
         self.codes.pop(name, None)
         JobDevice.objects.filter(pk=row.pk).update(state=JobDevice.State.STARTING)
@@ -88,7 +92,7 @@ class RemoteFleet:
             "port": cfg.port, "generation": cfg.options.generation, "plan": cfg.plan.to_dict(),
             "options": cfg.options.to_dict(), "predicted_iteration_s": cfg.predicted_iteration_s,
         }  # fmt: skip
-        self.starting[name] = [row.device_id, msg, time.monotonic()]
+        self.starting[name] = [row.device_id, msg, time.monotonic(), time.monotonic()]
         tell_agent(row.device_id, msg)
 
     def _claim(self, name: str, row: JobDevice | None) -> JobDevice | None:
@@ -96,7 +100,10 @@ class RemoteFleet:
         or one that left or was lost coming back. It takes part if it is online and idle; None when not."""
         with transaction.atomic():
             device = Device.objects.select_for_update().filter(name=name).first()
-            if device is None or not (device.available or device.job_id == self.job_id):
+            if not Job.objects.filter(pk=self.job_id, status__in=Job.ACTIVE).exists() or device is None:
+                return None
+            usable = device.status in (Device.Status.ONLINE, Device.Status.OFFLINE, Device.Status.BUSY)
+            if not usable or device.job_id not in (None, self.job_id):
                 return None
             if row is None:
                 rank = (JobDevice.objects.filter(job_id=self.job_id).aggregate(top=Max("rank"))["top"] or 0) + 1
@@ -117,13 +124,18 @@ class RemoteFleet:
                 tell_agent(entry[0], entry[1])
 
     def _poll(self) -> None:
+        # Two agents' batches may commit out of id order (PostgreSQL): the last LATE_S seconds are read again.
+        late = Q(pk__gt=self.last) | Q(pk__gt=self.first, created_at__gte=timezone.now() - timedelta(seconds=LATE_S))
         rows = list(
-            JobEvent.objects.filter(job_id=self.job_id, pk__gt=self.last, type__in=DEVICE_EVENTS)
+            JobEvent.objects.filter(late, job_id=self.job_id, type__in=DEVICE_EVENTS)
             .order_by("pk")
             .values_list("pk", "data")
         )
         for pk, data in rows:
-            self.last = pk
+            if pk in self.seen:
+                continue
+            self.seen.add(pk)
+            self.last = max(self.last, pk)
             if data["type"] in ("device-start", "job-stopped", "device-error"):
                 self.starting.pop(data["device"], None)
             if data["type"] == "job-stopped":  # the device's process ended without done or error
@@ -158,8 +170,10 @@ class RemoteFleet:
             # a device told to start whose agent is offline will not start; one that started is watched by its
             # heartbeats on the store instead (its agent may only have lost its socket: it resends its events)
             self.offline_checked = t
+            # (an agent not back yet after a site restart gets as long as a launch gives agents to accept)
+            waited = [n for n, e in self.starting.items() if t - e[3] > settings.ASTEROID_ACCEPT_TIMEOUT_S]
             gone = JobDevice.objects.filter(job_id=self.job_id, device__status=Device.Status.OFFLINE)
-            for row_name in gone.filter(name__in=list(self.starting)).values_list("name", flat=True):
+            for row_name in gone.filter(name__in=waited).values_list("name", flat=True):
                 self.codes[row_name], self.whys[row_name] = 1, "its agent went offline"
                 self.starting.pop(row_name, None)
         return self.codes.get(name)
@@ -188,9 +202,9 @@ def apply_event(job_id: int, ev: dict) -> None:
     JobEvent.objects.create(job=job, device=ev.get("device", ""), type=kind, data=ev)
     if kind == "device-lost":
         _device_state(job, ev["device"], JobDevice.State.LOST)
-        if job.status in Job.ACTIVE:
-            set_status(job, Job.Status.RECOVERING, f"recovering: {ev['device']} lost during iteration "
-                                                   f"{ev['iteration']}", job.progress)  # fmt: skip
+        release(Device.objects.filter(name=ev["device"], job=job))  # free for other jobs (or to be added back)
+        _move(job, Job.Status.RUNNING, Job.Status.RECOVERING, f"recovering: {ev['device']} lost during iteration "
+                                                             f"{ev['iteration']}")  # fmt: skip
         job_log(job, f"device {ev['device']} lost at iteration {ev['iteration']} ({ev['cause']}); noticed in "
                      f"{ev['detected_real_s']:.1f} s", "error")  # fmt: skip
     elif kind == "replan":
@@ -206,8 +220,7 @@ def apply_event(job_id: int, ev: dict) -> None:
         which = f"iteration {ev['first']}" if ev["first"] == ev["last"] else f"iterations {ev['first']}-{ev['last']}"
         job_log(job, f"rolled back: replaying {which}", "warning")
     elif kind == "recovered":
-        if job.status == Job.Status.RECOVERING:
-            set_status(job, Job.Status.RUNNING, "training", job.progress)
+        _move(job, Job.Status.RECOVERING, Job.Status.RUNNING, "training")
         job_log(job, f"recovered: {ev['summary']}")
     elif kind == "device-left":
         _device_state(job, ev["device"], JobDevice.State.LEFT)
@@ -222,6 +235,12 @@ def apply_event(job_id: int, ev: dict) -> None:
 
 def _generation(ev: dict) -> dict:
     return {k: ev[k] for k in ("generation", "plan", "reason", "start", "planning_real_s", "predicted_throughput")}
+
+
+def _move(job: Job, old: str, new: str, message: str) -> None:
+    """`old` -> `new`, only if the job is still `old` (a cancel or a failure in between stays)."""
+    if Job.objects.filter(pk=job.pk, status=old).update(status=new, message=message):
+        notify(job.pk, {"type": "status", "status": new, "progress": job.progress, "message": message})
 
 
 def _device_state(job: Job, name: str, state: str) -> None:
@@ -287,6 +306,7 @@ def coordinate(job_id: int, ready: threading.Event | None = None, registry: dict
         "start": at, "planning_real_s": 0.0, "predicted_throughput": job.predicted_throughput or 0.0,
     }  # fmt: skip
     Job.objects.filter(pk=job.pk).update(generations=[*job.generations, first])
+    _move(job, Job.Status.RECOVERING, Job.Status.RUNNING, "training (resumed)")
     if job.generations:  # a coordinator ran this job before: the site restarted
         where = "its central replica" if coordinator.resume is not None else "the seed: no central replica yet"
         job_log(job, f"the site restarted: the run resumes from iteration {at} ({where})", "warning")
@@ -346,7 +366,11 @@ class Coordinators:
                 if action.job.finished:
                     _done(action, f"not done: the job had {action.job.status}")
                 continue  # its coordinator is starting: the action waits for it
-            _carry_out(action, coordinator)
+            try:
+                _carry_out(action, coordinator)
+            except Exception as exc:  # e.g. a device whose probe cannot be planned with: said, never retried
+                log.exception("job %s: %s %s", action.job_id, action.kind, action.device)
+                _done(action, f"not done: {type(exc).__name__}: {exc}")
 
     def stop(self) -> None:
         for coordinator in list(self.running.values()):

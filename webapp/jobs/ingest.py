@@ -39,6 +39,11 @@ def record_events(device: Device, items: list[dict], through: int | None = None)
             continue
         if row.job.finished and ev["type"] not in AFTER_THE_END:
             continue
+        if ev["type"] in ("iteration", "eval", "step") and ev["iteration"] >= row.job.iterations:
+            # past the run's end: no device trains that far (it would send the job's coordinator spinning)
+            log.warning("device %s sent %s %s of a %s-iteration job; dropped", device.name, ev["type"],
+                        ev["iteration"], row.job.iterations)  # fmt: skip
+            continue
         if "device" in ev:
             ev["device"] = row.name  # what it says about itself, under the name its job knows it by
         stored.append(JobEvent(job_id=row.job_id, device=device.name, type=ev["type"], data=ev))
