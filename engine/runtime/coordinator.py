@@ -523,17 +523,7 @@ class Coordinator:
         t = rollback_point(self.w.num_layers, copies)
         pieces = restore_pieces(plan, t, copies)
         nxt = self._generation(gen.number + 1, plan, t, pieces, _sources_outside(plan, pieces))
-        self.emit(
-            Replan(
-                nxt.number,
-                plan.to_dict(),
-                planning,
-                reason,
-                plan.predicted.throughput if plan.predicted else 0.0,
-                nxt.start,
-            ).to_message()
-        )
-        self.plans.append({"generation": nxt.number, "plan": plan.to_dict(), "reason": reason, "start": t})
+        self._announce(nxt, planning, reason)
         if t < interrupted + 1:
             self.emit(Replay(t + 1, interrupted + 1, nxt.number).to_message())
         names = ", ".join(dead)
@@ -650,18 +640,15 @@ class Coordinator:
         for name, kind in new:
             self.emit(DeviceJoined(name, kind, boundary, nxt.number).to_message())
         self._start_standby(gen, nxt)
-        self.emit(
-            Replan(
-                nxt.number,
-                plan.to_dict(),
-                planning,
-                reason,
-                plan.predicted.throughput if plan.predicted else 0.0,
-                nxt.start,
-            ).to_message()
-        )
-        self.plans.append({"generation": nxt.number, "plan": plan.to_dict(), "reason": reason, "start": boundary})
+        self._announce(nxt, planning, reason)
         self._publish(nxt, {})
+
+    def _announce(self, nxt: Generation, planning_s: float, reason: str) -> None:
+        """Report generation `nxt`'s plan (a `replan` event) and keep it in `plans`."""
+        plan = nxt.plan
+        throughput = plan.predicted.throughput if plan.predicted else 0.0
+        self.emit(Replan(nxt.number, plan.to_dict(), planning_s, reason, throughput, nxt.start).to_message())
+        self.plans.append({"generation": nxt.number, "plan": plan.to_dict(), "reason": reason, "start": nxt.start})
 
     def _new_device(self, kind_name: str) -> Device:
         """A device of `kind_name` for `--join`, named after its kind: nano-3 when nano-0..2 exist."""

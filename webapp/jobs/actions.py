@@ -56,6 +56,19 @@ def remove_device(job: Job, name: str, user) -> JobAction:
     return action
 
 
+def enlist(job_id: int, device: Device, row: JobDevice | None) -> JobDevice:
+    """`device` takes part in the job from now on (inside the caller's transaction, the device row locked): a new
+    rank, or its earlier row (it left, or was lost, and comes back) assigned again; the device is busy with it."""
+    if row is None:
+        rank = (JobDevice.objects.filter(job_id=job_id).aggregate(top=Max("rank"))["top"] or 0) + 1
+        row = JobDevice.objects.create(job_id=job_id, device=device, name=device.name, rank=rank, accepted=True)
+    else:
+        JobDevice.objects.filter(pk=row.pk).update(device=device, state=JobDevice.State.ASSIGNED, result={})
+        row.device_id = device.pk
+    Device.objects.filter(pk=device.pk).update(status=Device.Status.BUSY, job_id=job_id)
+    return row
+
+
 def add_device(job: Job, name: str, user) -> JobAction:
     """Offer an idle online device to the running job: it joins at the next iteration boundary."""
     _running(job)
@@ -69,13 +82,7 @@ def add_device(job: Job, name: str, user) -> JobAction:
         if bool(device.measured.get("emulated", False)) != job.emulated:
             raise ActionError(f"device {name} is {'' if job.emulated else 'not '}real, the job's devices are "
                               f"{'emulated' if job.emulated else 'real'}: they cannot share a run")  # fmt: skip
-        row = JobDevice.objects.filter(job=job, name=name).first()
-        if row is None:
-            rank = (JobDevice.objects.filter(job=job).aggregate(top=Max("rank"))["top"] or 0) + 1
-            row = JobDevice.objects.create(job=job, device=device, name=name, rank=rank, accepted=True)
-        else:  # it took part earlier (it left, or was lost) and comes back
-            JobDevice.objects.filter(pk=row.pk).update(device=device, state=JobDevice.State.ASSIGNED, result={})
-        Device.objects.filter(pk=device.pk).update(status=Device.Status.BUSY, job=job)
+        enlist(job.pk, device, JobDevice.objects.filter(job=job, name=name).first())
         action = JobAction.objects.create(job=job, kind=JobAction.Kind.ADD, device=name, user=user)
     notify(job.pk, {"type": "device", "device": name, "state": JobDevice.State.ASSIGNED})
     job_log(job, f"{_who(user)} added device {name} to the job")

@@ -27,12 +27,13 @@ from pathlib import Path
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Max, Q
+from django.db.models import Q
 from django.utils import timezone
 
 from engine.errors import UserError
 from webapp.devices.agents import tell_agent
 from webapp.devices.models import Device
+from webapp.jobs.actions import enlist
 from webapp.jobs.artifacts import job_dir
 from webapp.jobs.ending import fail, finish, release
 from webapp.jobs.models import Job, JobAction, JobDevice, JobEvent
@@ -105,14 +106,7 @@ class RemoteFleet:
             usable = device.status in (Device.Status.ONLINE, Device.Status.OFFLINE, Device.Status.BUSY)
             if not usable or device.job_id not in (None, self.job_id):
                 return None
-            if row is None:
-                rank = (JobDevice.objects.filter(job_id=self.job_id).aggregate(top=Max("rank"))["top"] or 0) + 1
-                row = JobDevice.objects.create(job_id=self.job_id, device=device, name=name, rank=rank, accepted=True)
-            else:
-                JobDevice.objects.filter(pk=row.pk).update(device=device, state=JobDevice.State.ASSIGNED)
-                row.device_id = device.pk
-            Device.objects.filter(pk=device.pk).update(status=Device.Status.BUSY, job_id=self.job_id)
-        return row
+            return enlist(self.job_id, device, row)
 
     def _resend(self) -> None:
         """`start` again to agents whose device has not started: a message to an agent that is not connected
