@@ -45,13 +45,28 @@ class Stage:
 
 @dataclass(frozen=True)
 class Prediction:
-    """What the cost model says a plan will do."""
+    """What the cost model says a plan will do: `iteration_s` by its closed form (what the planners search
+    on), and `simulated_s`, where the plan was simulated (engine.simulator), by the event-driven 1F1B
+    iteration, which follows the runtime more closely (`expected_s` is the better of the two that is known)."""
 
     iteration_s: float
     throughput: float
     bubble_fraction: float
     memory_bytes: dict[str, int]
     fits: bool
+    simulated_s: float | None = None
+
+    @property
+    def expected_s(self) -> float:
+        """The iteration time to expect: the simulated one when known, else the closed form's."""
+        return self.simulated_s if self.simulated_s is not None else self.iteration_s
+
+    @property
+    def expected_throughput(self) -> float:
+        """Samples per second at `expected_s`."""
+        if self.simulated_s is None:
+            return self.throughput
+        return self.throughput * self.iteration_s / self.simulated_s
 
     def over_memory(self, cluster: Cluster) -> list[str]:
         """The devices whose predicted bytes are more than they have."""
@@ -64,6 +79,7 @@ class Prediction:
             "bubble_fraction": self.bubble_fraction,
             "memory_bytes": dict(self.memory_bytes),
             "fits": self.fits,
+            **({"simulated_s": self.simulated_s} if self.simulated_s is not None else {}),
         }
 
     @classmethod
@@ -87,7 +103,8 @@ class Prediction:
         fits = doc.get("fits")
         if not isinstance(fits, bool):
             raise UserError(f"plan: predicted.fits must be true or false, got {fits!r}")
-        return cls(iteration_s, throughput, bubble, dict(memory), fits)
+        simulated = number("simulated_s") if "simulated_s" in doc else None
+        return cls(iteration_s, throughput, bubble, dict(memory), fits, simulated)
 
 
 @dataclass(frozen=True)

@@ -60,8 +60,9 @@ def plan_table(plan: Plan) -> str:
     if p:
         out += [
             "",
-            f"predicted: {p.throughput:.1f} samples/s, iteration {p.iteration_s:.3f} s, "
-            f"bubble {100 * p.bubble_fraction:.1f}%, {'fits in memory' if p.fits else 'DOES NOT FIT in memory'}",
+            f"predicted: {p.expected_throughput:.1f} samples/s, iteration {p.expected_s:.3f} s"
+            + (f" (simulated; closed form {p.iteration_s:.3f} s)" if p.simulated_s is not None else "")
+            + f", bubble {100 * p.bubble_fraction:.1f}%, {'fits in memory' if p.fits else 'DOES NOT FIT in memory'}",
         ]
     return "\n".join(out)
 
@@ -69,22 +70,22 @@ def plan_table(plan: Plan) -> str:
 def comparison_table(results: dict[str, Plan | str], ideal: float) -> str:
     """One row per method: shape, micro-batches, iteration, throughput, Asteroid's speedup over it."""
     ours = results.get("asteroid")
-    base = ours.predicted.throughput if isinstance(ours, Plan) else None
+    base = ours.predicted.expected_throughput if isinstance(ours, Plan) else None
     rows = []
     for method, r in results.items():
         if isinstance(r, str):
             rows.append([method, r, "", "", "", "", ""])
             continue
         p = r.predicted
-        speedup = f"{base / p.throughput:.2f}x" if base and p.fits else ""
+        speedup = f"{base / p.expected_throughput:.2f}x" if base and p.fits else ""
         rows.append(
             [
                 method,
                 shape(r),
                 str(r.micro_batches),
-                f"{p.iteration_s:.3f}",
-                f"{p.throughput:.1f}" + ("" if p.fits else " (does not fit)"),
-                f"{100 * p.throughput / ideal:.0f}%",
+                f"{p.expected_s:.3f}",
+                f"{p.expected_throughput:.1f}" + ("" if p.fits else " (does not fit)"),
+                f"{100 * p.expected_throughput / ideal:.0f}%",
                 speedup,
             ]
         )

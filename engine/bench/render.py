@@ -18,7 +18,7 @@ def _outcome(r: Run | None) -> str:
     if r is None:
         return "-"
     if r.status == "ok":
-        return f"{r.throughput:.1f} ({r.measured_s / r.predicted_s:.2f})"
+        return f"{r.throughput:.1f} ({r.measured_s / r.expected_s:.2f})"
     if r.status == "skipped":
         return f"{r.predicted_throughput:.1f} pred."
     return r.status.upper() if r.status == "oom" else "failed"
@@ -35,7 +35,9 @@ def report(runs: list[Run], command: str) -> str:
         "Every number below is measured in **device time** (wall time / dilation) from real training "
         "in one process per device, except where marked *pred.*: those runs were over the per-run wall-time "
         "budget and show the cost model's prediction instead. Throughput in samples/s; after it, in brackets, "
-        "the measured iteration time over the predicted one. `OOM`: the method's plan does not fit in memory.",
+        "the measured iteration time over the predicted one (the simulated iteration, engine.simulator; the "
+        "closed form's in runs recorded before the simulator was recorded). `OOM`: the method's plan does not "
+        "fit in memory.",
         "",
     ]
     for mbps in sorted({s.cell.bandwidth_mbps for s in summaries}, reverse=True):
@@ -71,13 +73,14 @@ def report(runs: list[Run], command: str) -> str:
             f"in every measured cell (median {100 * c.median_within:.1f} %)."
         )
     lines += ["", "### Every run", "", "| bandwidth | model | cluster | method | plan | status | dilation | "
-              "measured s | predicted s | loss first -> last | late/steps | wall s | note |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+              "measured s | simulated s | closed form s | loss first -> last | late/steps | wall s | note |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in runs:
         loss = f"{r.loss[0]:.3f} -> {r.loss[-1]:.3f}" if r.loss else ""
         lines.append(
             f"| {r.bandwidth_mbps:g} | {r.model} | {r.cluster} | {r.method} | {r.shape} | {r.status} | "
-            f"{r.dilation or 0:.0f} | {r.measured_s or 0:.4f} | {r.predicted_s or 0:.4f} | {loss} | "
+            f"{r.dilation or 0:.0f} | {r.measured_s or 0:.4f} | "
+            f"{f'{r.simulated_s:.4f}' if r.simulated_s else '-'} | {r.predicted_s or 0:.4f} | {loss} | "
             f"{r.late_steps}/{r.steps} | {r.wall_s:.0f} | {r.note} |"
         )
     return "\n".join(lines)

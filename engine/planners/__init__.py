@@ -7,7 +7,7 @@ from collections.abc import Callable
 from engine.errors import UserError
 from engine.plan import Plan
 from engine.planners import asteroid, baselines, exhaustive
-from engine.planners.common import NoFeasiblePlan, Problem
+from engine.planners.common import NoFeasiblePlan, Problem, simulated
 
 PLANNERS: dict[str, Callable[[Problem], Plan]] = {
     "asteroid": asteroid.plan,
@@ -22,12 +22,12 @@ COMPARED = ("asteroid", "dp", "gpipe", "pipedream", "ftpipehd")
 
 
 def make_plan(method: str, problem: Problem, progress: bool = False) -> Plan:
-    """Plan with `method`; `progress` draws the Asteroid search's rounds on a terminal."""
+    """Plan with `method`, simulated (its prediction's `simulated_s`); `progress` draws the Asteroid search's
+    rounds on a terminal."""
     if method not in PLANNERS:
         raise UserError(f"unknown method {method!r}; known methods: {', '.join(PLANNERS)}, all")
-    if method == "asteroid":
-        return asteroid.plan(problem, progress)
-    return PLANNERS[method](problem)
+    found = asteroid.plan(problem, progress) if method == "asteroid" else PLANNERS[method](problem)
+    return found if found.predicted.simulated_s is not None else simulated(found, problem.workload)
 
 
 __all__ = ["COMPARED", "PLANNERS", "NoFeasiblePlan", "Problem", "make_plan"]

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from engine.costmodel import Workload, score
 from engine.devices import Cluster, Device
 from engine.errors import UserError
 from engine.plan import ALLREDUCE, LEVELS, OFF, Plan, Stage
+from engine.simulator import simulate
 
 # More micro-batches shrink the bubble but cost per-layer overhead; 64 covers every useful split here.
 MAX_MICRO_BATCHES = 64
@@ -28,6 +29,9 @@ class Problem:
     max_micro_batches: int = MAX_MICRO_BATCHES
     compression: int = OFF  # bits per value on every stage boundary (engine.planners.levels picks per boundary)
     allreduce: str = "off"  # the stage all-reduce's wire format (engine.plan.ALLREDUCE)
+    # Asteroid: pick among its fastest plans under the closed form the one the simulator runs fastest
+    # (False: the closed form's optimum, what the exhaustive oracle checks).
+    rank: bool = True
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -66,6 +70,11 @@ def finish(problem: Problem, method: str, micro_batches: int, stages: list[Stage
     )  # fmt: skip
     plan = plan.with_compression((problem.compression,) * (len(stages) - 1))
     return plan.with_prediction(score(plan, problem.workload))
+
+
+def simulated(plan: Plan, w: Workload) -> Plan:
+    """The plan with its prediction's `simulated_s`: one event-driven iteration (engine.simulator)."""
+    return plan.with_prediction(replace(plan.predicted, simulated_s=simulate(plan, w).iteration_s))
 
 
 def best_plan(plans: Iterable[Plan | None]) -> Plan | None:

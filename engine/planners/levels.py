@@ -15,7 +15,7 @@ from dataclasses import replace
 from engine.costmodel import score
 from engine.plan import OFF, Plan
 from engine.planners import make_plan
-from engine.planners.common import NoFeasiblePlan, Problem, best_plan
+from engine.planners.common import NoFeasiblePlan, Problem, best_plan, simulated
 
 
 def plan_compressed(
@@ -57,4 +57,4 @@ def refine(plan: Plan, problem: Problem, choices: tuple[int, ...]) -> Plan:
                 if t < best_t * (1 - 1e-12):
                     levels, best_t, changed = trial, t, True
     final = plan.with_compression(tuple(levels))
-    return final.with_prediction(score(final, problem.workload))
+    return simulated(final.with_prediction(score(final, problem.workload)), problem.workload)

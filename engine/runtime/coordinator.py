@@ -646,7 +646,7 @@ class Coordinator:
     def _announce(self, nxt: Generation, planning_s: float, reason: str) -> None:
         """Report generation `nxt`'s plan (a `replan` event) and keep it in `plans`."""
         plan = nxt.plan
-        throughput = plan.predicted.throughput if plan.predicted else 0.0
+        throughput = plan.predicted.expected_throughput if plan.predicted else 0.0
         self.emit(Replan(nxt.number, plan.to_dict(), planning_s, reason, throughput, nxt.start).to_message())
         self.plans.append({"generation": nxt.number, "plan": plan.to_dict(), "reason": reason, "start": nxt.start})
 

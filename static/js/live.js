@@ -565,7 +565,8 @@
     const job = msg.job || {};
     if (!page.total && isNumber(job.iterations)) page.total = job.iterations;
     if (!isNumber(page.predicted) && job.plan && job.plan.predicted) {
-      page.predicted = positive(job.plan.predicted.throughput);
+      const p = job.plan.predicted; // the simulated iteration when the plan has one (engine.plan.Prediction)
+      page.predicted = isNumber(p.simulated_s) && p.simulated_s > 0 ? job.plan.batch_size / p.simulated_s : positive(p.throughput);
     }
     live.seen = new Set();
     live.points = [];

@@ -43,6 +43,19 @@ def test_document_shape_matches_the_contract():
     assert [d["name"] for d in doc["cluster"]["devices"]] == [d.name for d in load_cluster("C").devices]
 
 
+def test_a_simulated_prediction_survives_json_and_is_what_to_expect():
+    pred = Prediction(1.2, 100.0, 0.1, {"nx-0": 1}, True, simulated_s=1.0)
+    doc = json.loads(json.dumps(sample_plan().with_prediction(pred).to_dict()))
+    assert doc["predicted"]["simulated_s"] == 1.0
+    back = Plan.from_dict(doc, keep_prediction=True).predicted
+    assert back == pred and back.expected_s == 1.0 and back.expected_throughput == 120.0
+    closed_only = Prediction(1.2, 100.0, 0.1, {"nx-0": 1}, True)
+    assert closed_only.expected_s == 1.2 and closed_only.expected_throughput == 100.0
+    doc["predicted"]["simulated_s"] = "fast"
+    with pytest.raises(UserError, match="predicted.simulated_s must be a number"):
+        Plan.from_dict(doc, keep_prediction=True)
+
+
 def test_round_trip():
     plan = sample_plan()
     back = Plan.from_dict(json.loads(json.dumps(plan.to_dict())))

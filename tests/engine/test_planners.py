@@ -4,6 +4,7 @@ every method's plan is well formed, within memory when it says it fits, and surv
 import json
 import math
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -13,6 +14,7 @@ from engine.errors import UserError
 from engine.plan import Plan
 from engine.planners import COMPARED, PLANNERS, NoFeasiblePlan, Problem, asteroid, exhaustive, make_plan
 from engine.planners.common import device_classes, memory_order
+from engine.simulator import simulate
 from tests.engine.instances import layered_workload, random_problem, solved_instance, unlimited_memory
 
 SEEDS = range(60)
@@ -94,9 +96,10 @@ def check_plan(plan: Plan, problem: Problem, method: str) -> None:
         assert all(s.samples >= 1 for s in st.devices)
     names = plan.device_names
     assert len(names) == len(set(names)) and set(names) <= {d.name for d in cluster.devices}
-    # Memory: the prediction is the cost model's, and `fits` means every device is within its memory.
+    # Memory: the prediction is the cost model's and the simulator's, and `fits` means every device is
+    # within its memory.
     pred = plan.predicted
-    assert pred is not None and pred == score(plan, w)
+    assert pred is not None and pred == replace(score(plan, w), simulated_s=simulate(plan, w).iteration_s)
     assert set(pred.memory_bytes) == set(names)
     within = all(pred.memory_bytes[n] <= cluster.device(n).memory_bytes for n in names)
     assert pred.fits == within
@@ -133,7 +136,7 @@ WORKLOAD_30 = {
 @pytest.mark.parametrize("letter", "ABCD")
 @pytest.mark.parametrize("kind", sorted(WORKLOAD_30))
 def test_plan_invariants_on_builtin_clusters(letter, kind):
-    problem = Problem(WORKLOAD_30[kind], load_cluster(letter), 32)
+    problem = Problem(WORKLOAD_30[kind], load_cluster(letter), 32, rank=False)
     plans = {m: make_plan(m, problem) for m in COMPARED}
     for method, plan in plans.items():
         check_plan(plan, problem, method)
@@ -143,6 +146,28 @@ def test_plan_invariants_on_builtin_clusters(letter, kind):
             assert best <= plans[method].predicted.iteration_s * (1 + 1e-9), method
     if kind == "tight":
         assert not plans["dp"].predicted.fits  # the whole model does not fit on one device
+    ranked = make_plan("asteroid", replace(problem, rank=True))
+    check_plan(ranked, problem, "asteroid")
+    assert ranked.predicted.simulated_s <= plans["asteroid"].predicted.simulated_s
+
+
+def test_ranking_by_simulation_never_runs_slower_and_sometimes_runs_faster():
+    # The closed form's optimum is always a candidate, so the ranked plan simulates no slower; on some
+    # instances another near-optimum (often one whose slowest stage comes first) simulates faster.
+    faster = 0
+    for seed in range(40):
+        problem, plans = solved_instance(seed)
+        if plans["asteroid"] is None:
+            continue
+        ranked = make_plan("asteroid", replace(problem, rank=True))
+        check_plan(ranked, problem, "asteroid")
+        optimum = plans["asteroid"].predicted
+        assert ranked.predicted.simulated_s <= optimum.simulated_s, seed
+        assert ranked.predicted.iteration_s <= optimum.simulated_s / asteroid.RANK_RATIO * (1 + 1e-9), seed
+        if ranked.predicted.simulated_s < optimum.simulated_s * (1 - 1e-6):
+            faster += 1
+            assert ranked.predicted.iteration_s > optimum.iteration_s  # the closed form ranks them the other way
+    assert faster >= 3, faster
 
 
 def test_baseline_that_cannot_fit_reports_fits_false():
@@ -200,7 +225,7 @@ def test_the_blocked_upper_bound_of_deep_models_keeps_the_optimum(monkeypatch):
 def test_refining_a_blocked_plan_moves_its_cuts_and_never_slows_it():
     from engine.bench.planner import synthetic_cluster, synthetic_workload
 
-    problem = Problem(synthetic_workload(40), synthetic_cluster(4), 64)
+    problem = Problem(synthetic_workload(40), synthetic_cluster(4), 64, rank=False)
     cuts = asteroid._block_cuts(problem)
     assert 0 < len(cuts) <= asteroid.LAYER_BLOCKS - 1 and all(0 < c < 40 for c in cuts)
     searches = [asteroid._Search(problem, M, True, None, cuts) for M in reversed(problem.micro_batch_options)]
@@ -264,13 +289,11 @@ def _with_tables(problem: Problem, rng: random.Random) -> Problem:
         fwd = [f / d.flops_per_s * k for f, k in zip(w.forward_flops, factors)]
         bwd = [b / d.flops_per_s * k for b, k in zip(w.backward_flops, factors)]
         tables[d.name] = (fwd, bwd)
-    return Problem(w.with_device_times(tables), problem.cluster, problem.batch_size)
+    return replace(problem, workload=w.with_device_times(tables))
 
 
 @pytest.mark.parametrize("level", [32, 8, 2])
 def test_asteroid_matches_the_exhaustive_optimum_with_device_tables_and_compression(level):
-    from dataclasses import replace
-
     for seed in range(20):
         rng = random.Random(1000 + seed)
         base = _with_tables(random_problem(rng), rng)

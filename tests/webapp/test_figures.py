@@ -213,7 +213,8 @@ def test_comparison_rows_give_speedup_or_error(engine_plans):
     comparison = comparison_with_error(engine_plans)
     rows = comparison_rows(outcomes(comparison))
     assert [r["method"] for r in rows] == ["asteroid", "dp", "gpipe", "pipedream", "ftpipehd"]
-    ours = comparison["asteroid"]["predicted"]["throughput"]
+    # Rows show what the simulator expects (the plans come from make_plan, so each has its simulated time).
+    ours = Prediction.from_dict(comparison["asteroid"]["predicted"]).expected_throughput
     for row in rows:
         doc = comparison[row["method"]]
         if "error" in doc:
@@ -221,9 +222,11 @@ def test_comparison_rows_give_speedup_or_error(engine_plans):
             assert row["error"] == "gpipe needs one device per stage"  # without the "no plan: " prefix
             continue
         assert row["error"] is None
-        assert row["throughput"] == pytest.approx(doc["predicted"]["throughput"], abs=0.05)
-        assert row["iteration_s"] == pytest.approx(doc["predicted"]["iteration_s"], abs=5e-5)
-        assert row["speedup"] == pytest.approx(ours / doc["predicted"]["throughput"], abs=0.005)
+        pred = doc["predicted"]
+        assert pred["simulated_s"] > 0
+        assert row["throughput"] == pytest.approx(doc["batch_size"] / pred["simulated_s"], abs=0.05)
+        assert row["iteration_s"] == pytest.approx(pred["simulated_s"], abs=5e-5)
+        assert row["speedup"] == pytest.approx(ours * pred["simulated_s"] / doc["batch_size"], abs=0.005)
     assert rows[0]["speedup"] == 1.0
 
 
@@ -244,15 +247,15 @@ def test_comparison_figure_highlights_asteroid_and_labels_missing_plans(engine_p
     methods = [labels[y] for y in bars["y"]]
     assert "gpipe" not in methods
     assert methods == [m for m in comparison if "error" not in comparison[m]]
+    expected = {m: Prediction.from_dict(comparison[m]["predicted"]).expected_throughput for m in methods}
     for m, x in zip(methods, bars["x"]):
-        assert x == pytest.approx(comparison[m]["predicted"]["throughput"], abs=0.05)
+        assert x == pytest.approx(expected[m], abs=0.05)
     colours = dict(zip(methods, bars["marker"]["color"]))
     assert colours["asteroid"] == figures.ACCENT
     assert all(c != figures.ACCENT for m, c in colours.items() if m != "asteroid")
-    ours = comparison["asteroid"]["predicted"]["throughput"]
     for m, text in zip(methods, bars["text"]):
         if m != "asteroid":
-            assert f"{ours / comparison[m]['predicted']['throughput']:.2f}×" in text
+            assert f"{expected['asteroid'] / expected[m]:.2f}×" in text
     (note,) = fig["layout"]["annotations"]
     assert note["text"] == "no plan: gpipe needs one device per stage" and note["y"] == "GPipe"
     assert fig["layout"]["yaxis"]["categoryarray"] == [figures.METHOD_LABELS[m] for m in comparison]

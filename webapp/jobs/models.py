@@ -100,7 +100,7 @@ class Job(models.Model):
     @property
     def predicted_throughput(self) -> float | None:
         plan = self.plan_object
-        return plan.predicted.throughput if plan and plan.predicted else None
+        return plan.predicted.expected_throughput if plan and plan.predicted else None
 
     @property
     def eval_records(self) -> list[dict]:

@@ -68,7 +68,7 @@ def _methods(comparison: Mapping[str, object]) -> list[str]:
 def _throughput(outcome: Prediction | str | None) -> float | None:
     if not isinstance(outcome, Prediction):
         return None
-    return outcome.throughput if outcome.throughput > 0 else None
+    return outcome.expected_throughput if outcome.throughput > 0 else None
 
 
 def comparison_rows(comparison: Mapping[str, Prediction | str]) -> list[dict]:
@@ -91,7 +91,7 @@ def comparison_rows(comparison: Mapping[str, Prediction | str]) -> list[dict]:
                 "method": method,
                 "label": METHOD_LABELS.get(method, method),
                 "throughput": None if tp is None else round(tp, 1),
-                "iteration_s": None if tp is None else round(outcome.iteration_s, 4),
+                "iteration_s": None if tp is None else round(outcome.expected_s, 4),
                 "fits": None if tp is None else outcome.fits,
                 "speedup": None if tp is None or ours is None else round(ours / tp, 2),
                 "error": error,
