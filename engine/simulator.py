@@ -4,8 +4,9 @@ Step durations come from engine.steps (the cost model's terms: forward, backward
 the same numbers the emulated runtime pads to. Each device runs its stage's 1F1B action list in order on
 its own slice of every micro-batch. A forward waits for every input slice from the previous stage, a
 backward for every gradient slice from the next; after a step the device sends each neighbour exactly the
-intersection of their two sample ranges (blocking: the device is busy while it sends). After its last
-backward a stage all-reduces its gradients. An iteration that ends at a replication point (`replicate`)
+intersection of their two sample ranges. Sends do not hold the device up (as in the runtime): they queue on
+its outgoing link, one at a time, while it computes on. After its last backward, and once its link is done,
+a stage all-reduces its gradients. An iteration that ends at a replication point (`replicate`)
 then has each stage's first device copy its layers to its neighbour and to the coordinator, as the
 runtime does once every device has committed the iteration.
 """
@@ -68,6 +69,7 @@ def simulate(plan: Plan, w: Workload, replicate: bool = False) -> Simulation:
         expected[(name, "B")] = len(d.recv_backward)
     arrivals: dict[tuple[str, str, int], list[float]] = {}
     clock = {name: 0.0 for name in info}
+    link = {name: 0.0 for name in info}  # when each device's outgoing link is free
     position = {name: 0 for name in info}
     own_forward_end: dict[tuple[str, int], float] = {}
     events: list[StepEvent] = []
@@ -90,13 +92,14 @@ def simulate(plan: Plan, w: Workload, replicate: bool = False) -> Simulation:
                 events.append(StepEvent(name, d["stage"], act.micro_batch, act.kind, start, end))
                 if act.kind == "F":
                     own_forward_end[(name, act.micro_batch)] = end
-                t = end
+                t = max(end, link[name])
                 for peer, dur in d["send_" + act.kind]:
                     events.append(StepEvent(name, d["stage"], act.micro_batch, "send", t, t + dur, peer))
                     t += dur
                     arrivals.setdefault((peer, act.kind, act.micro_batch), []).append(t)
-                busy += t - start
-                clock[name] = t
+                link[name] = t
+                busy += end - start
+                clock[name] = end
                 position[name] += 1
                 remaining -= 1
                 progressed = True
@@ -105,6 +108,8 @@ def simulate(plan: Plan, w: Workload, replicate: bool = False) -> Simulation:
     for s, st in enumerate(plan.stages):
         names = [x.name for x in st.devices]
         ar = steps[names[0]].allreduce_s
+        for n in names:
+            clock[n] = max(clock[n], link[n])
         if ar > 0:
             start = max(clock[n] for n in names)
             for n in names:
@@ -120,14 +125,13 @@ def simulate(plan: Plan, w: Workload, replicate: bool = False) -> Simulation:
                 prev = plan.stages[s - 1]
                 seconds = max(seconds, link_s(plan.cluster, replica_bytes(w, prev.start, prev.end)))
             events.append(StepEvent(first, s, -1, "send", total, total + seconds, "replica"))
-            busy += seconds
             clock[first] = total + seconds
         total = max(clock.values())
     events.sort(key=lambda e: (e.start, e.device))
     return Simulation(
         iteration_s=total,
         throughput=plan.batch_size / total,
-        bubble_fraction=1 - busy / (len(info) * total),
+        bubble_fraction=1 - busy / (len(info) * total),  # the share of device time not computing
         memory_bytes=prediction.memory_bytes,
         fits=prediction.fits,
         predicted_iteration_s=prediction.iteration_s,

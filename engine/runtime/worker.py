@@ -192,6 +192,7 @@ class _Device:
         self.memory: MemoryMeter | None = None
         self.waiter: _Waiter | None = None
         self.sent_bytes = self.sent_payload_bytes = 0  # what this device sent to other stages, and its float32 size
+        self.link_free = 0.0  # wall time the emulated outgoing link finishes the sends queued on it
         self.codec_rng = torch.Generator()  # gradients' stochastic rounding (seeded per message in `send`)
 
     # -- waiting, with the coordinator's abort in mind ---------------------------------------------------
@@ -537,11 +538,11 @@ class _Device:
         return torch.cat(parts) if len(parts) > 1 else parts[0]
 
     def send(self, tensor: torch.Tensor, moves, kind: str, mb: int, outbox: list, base: int = 0) -> None:
-        """Send each peer its slice; the device is busy for the emulated transfer time of each."""
+        """Send each peer its slice without waiting: the sends queue on the device's emulated outgoing link (one
+        at a time, each its transfer time), and the device computes on meanwhile, as gloo's sends let it."""
         # activations go to the next stage over the boundary after this one, gradients back over the one before
         bits = self.bits_out if kind == "F" else gradient_bits(self.bits_in)
         for t in moves:
-            start = now()
             payload = tensor[t.lo - self.st.lo : t.hi - self.st.lo].detach().contiguous()
             self.sent_payload_bytes += payload.numel() * payload.element_size()
             if bits < OFF:  # gradients are rounded stochastically: unbiased, so SGD still follows the true mean
@@ -553,7 +554,9 @@ class _Device:
             self.sent_bytes += payload.numel() * payload.element_size()
             # the link carries the real payload: latency + bytes / bandwidth, in device seconds
             seconds = link_s(self.cluster, payload.numel() * payload.element_size())
+            start = max(now(), self.link_free)  # after the sends queued before it
             arrival = start + self.clock.wall(seconds) if self.clock.emulated else 0.0
+            self.link_free = arrival
             header = torch.tensor([arrival], dtype=torch.float64)
             peer = self.ranks[t.peer]
             what = f"sending to {t.peer}"
@@ -561,8 +564,7 @@ class _Device:
                 work = self._post(self.train.send, what, [tensor_part], peer, base + self._tag(mb, kind, part))
                 outbox.append((t.peer, tensor_part, work))  # the tensor stays alive until the send completes
             self._fault(self.iteration, "send")
-            end = self.clock.wait_until(arrival)
-            self._event("send", mb, start, end, peer=t.peer)
+            self._event("send", mb, start, arrival if self.clock.emulated else now(), peer=t.peer)
 
     # -- the schedule ---------------------------------------------------------------------------------
 
@@ -650,6 +652,7 @@ class _Device:
                         self.send(x.grad, st.send_backward, "B", mb, outbox)
             for peer, _, work in outbox:
                 self._wait(work, f"delivery to {peer}")
+            clock.wait_until(self.link_free)  # the link is the all-reduce's too: the sends go first
             self._reduce_gradients(k)
             stop = self._agree(k, loss_sum)
         except (PeerLost, Aborted):

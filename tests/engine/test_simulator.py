@@ -62,8 +62,9 @@ def test_matches_closed_form_with_data_parallel_stages(S, M):
 
 
 def test_stays_close_to_the_cost_model_on_random_plans():
-    # Over the 60 shared instances, every method's plan: sim / predicted spans about 0.80 .. 1.11 (the
-    # simulator overlaps a stage's all-reduce with later stages' drain; the closed form does not).
+    # Over the 60 shared instances, every method's plan: sim / predicted spans about 0.67 .. 1.06 (the
+    # simulator's sends overlap compute, and a stage's all-reduce later stages' drain; the closed form's
+    # do not).
     ratios = []
     for seed in range(60):
         problem, plans = solved_instance(seed)
@@ -138,13 +139,16 @@ def test_timeline_events_are_consistent():
                 ends[(dev, e.kind, e.micro_batch)] = e.end
                 if e.kind == "B":
                     assert e.start >= f_end[e.micro_batch] - EPS
-            # A device does one thing at a time (compute, its sends, then the all-reduce).
-            ordered = sorted(evs, key=lambda e: (e.start, e.end))
-            assert all(a.end <= b.start + EPS for a, b in zip(ordered, ordered[1:])), dev
+            # A device computes one step at a time and its link sends one message at a time, the two side by
+            # side; the all-reduce comes after both.
+            for lane in ("FB", ("send",)):
+                ordered = sorted((e for e in evs if e.kind in lane), key=lambda e: (e.start, e.end))
+                assert all(a.end <= b.start + EPS for a, b in zip(ordered, ordered[1:])), dev
             reduces = [e for e in evs if e.kind == "all-reduce"]
             assert len(reduces) == (len(plan.stages[stage].devices) > 1)
             assert all(
-                e.micro_batch == -1 and e.start >= max(x.end for x in evs if x.kind == "B") - EPS for e in reduces
+                e.micro_batch == -1 and e.start >= max(x.end for x in evs if x.kind != "all-reduce") - EPS
+                for e in reduces
             )
         sends = [e for e in sim.events if e.kind == "send"]
         for e in sends:
@@ -169,7 +173,7 @@ def test_timeline_events_are_consistent():
         # Iteration time and bubble follow from the events.
         total = max(e.end for e in sim.events)
         assert math.isclose(sim.iteration_s, total, rel_tol=1e-12)
-        busy = sum(e.end - e.start for e in sim.events if e.kind != "all-reduce")
+        busy = sum(e.end - e.start for e in sim.events if e.kind in "FB")
         n = len(plan.device_names)
         assert math.isclose(sim.bubble_fraction, 1 - busy / (n * total), rel_tol=1e-9, abs_tol=1e-12)
         assert S >= 1

@@ -322,6 +322,8 @@ def timeline_figure(steps: list[dict], devices: list[str], title: str) -> dict:
                 textfont={"color": "#ffffff"},
                 hovertext=[_step_hover(s) for s in chosen],
                 hoverinfo="text",
+                # a device's link sends while it computes: transfers are a thin strip at the row's edge
+                **({"width": 0.2, "offset": 0.15} if group == "transfer" else {}),
             )
         )
     annotations = [] if steps else [_note("no steps yet")]

@@ -97,4 +97,6 @@ def test_a_shaped_link_really_limits_bandwidth():
         assert result.late_steps <= 1  # a one-off host hiccup may overrun a step; the timing is checked below
         assert result.measured_iteration_s == pytest.approx(result.simulated_iteration_s, rel=0.1)
     transfer = samples * x.numel() * 4 / 12.5e6  # one slice over 100 Mbps, in device seconds
-    assert runs[100.0].measured_iteration_s - runs[1000.0].measured_iteration_s > 2 * transfer
+    # Sends overlap compute, but the first micro-batch's activations and the last one's gradients are on the
+    # critical path: two transfers, less the two at 1000 Mbps (a tenth as long).
+    assert runs[100.0].measured_iteration_s - runs[1000.0].measured_iteration_s > 1.5 * transfer
