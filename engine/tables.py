@@ -187,13 +187,13 @@ def change_line(ev: dict) -> str:
 def run_summary(result) -> str:
     """Measured against predicted, per-device memory and late steps of a finished run (a RunResult)."""
     plan = result.plan
-    measured, predicted = result.measured_iteration_s, result.predicted_iteration_s
+    measured, simulated = result.measured_iteration_s, result.simulated_iteration_s
     lines = [
         f"{plan.method} plan for {plan.model}, batch {plan.batch_size}, {shape(plan)}",
-        f"throughput   measured {result.throughput:.1f} samples/s, predicted {plan.batch_size / predicted:.1f} "
-        f"({measured / predicted:.3f}x the predicted iteration time)",
-        f"iteration    measured {measured * 1000:.2f} ms, predicted {predicted * 1000:.2f} ms, "
-        f"simulated {result.simulated_iteration_s * 1000:.2f} ms (device time)",
+        f"throughput   measured {result.throughput:.1f} samples/s, predicted {plan.batch_size / simulated:.1f} "
+        f"({measured / simulated:.3f}x the simulated iteration time)",
+        f"iteration    measured {measured * 1000:.2f} ms, simulated {simulated * 1000:.2f} ms, cost model's closed "
+        f"form {result.predicted_iteration_s * 1000:.2f} ms (device time)",
         f"loss         {result.loss[0]:.4f} -> {result.loss[-1]:.4f} over {len(result.loss)} iteration(s)",
     ]
     if result.dilation is not None:

@@ -155,12 +155,14 @@ def exact_vs_ordered(devices: tuple[int, ...], layers: tuple[int, ...], timeout:
 
 
 def throughput_table(models: dict[str, int], bandwidth_mbps: float) -> list[str]:
-    """Predicted samples/s of every method per cluster and model, with the ideal and Asteroid's speedups."""
+    """Predicted (simulated) samples/s of every method per cluster and model, with the ideal and Asteroid's
+    speedups."""
     from engine.workloads import workload
 
     lines = [
         f"### Predicted throughput (samples/s) on clusters A-D, {bandwidth_mbps:g} Mbps",
         "",
+        "Each plan's simulated 1F1B iteration (engine.simulator; `predicted.simulated_s`). "
         "Ideal = the sum of every device's own throughput with the whole model and no communication. "
         "Speedups are Asteroid over data parallelism (dp) and over the best other pipeline planner "
         "(gpipe, pipedream, ftpipehd). `OOM`: the method's best plan does not fit in memory.",
@@ -179,8 +181,8 @@ def throughput_table(models: dict[str, int], bandwidth_mbps: float) -> list[str]
                 try:
                     plan = make_plan(method, problem)
                     fits = plan.predicted.fits
-                    got[method] = plan.predicted.throughput if fits else None
-                    cells.append(f"{plan.predicted.throughput:.1f}" if fits else "OOM")
+                    got[method] = plan.predicted.expected_throughput if fits else None
+                    cells.append(f"{plan.predicted.expected_throughput:.1f}" if fits else "OOM")
                 except NoFeasiblePlan:
                     got[method] = None
                     cells.append("none")
