@@ -217,7 +217,7 @@ def run_summary(result) -> str:
         )
     K = getattr(result, "replicate_every", 0)
     if K:
-        cost = result.replication_s / (K * predicted)
+        cost = result.replication_s / (K * result.predicted_iteration_s)
         lines.append(
             f"replication  every {K} iteration(s), {result.replication_s:.3f} s device per replication point, "
             f"{cost:.1%} of the throughput (predicted)"

@@ -66,7 +66,7 @@ class Run:
 
     @property
     def predicted_throughput(self) -> float | None:
-        return self.batch_size / self.predicted_s if self.predicted_s else None
+        return self.batch_size / self.expected_s if self.expected_s else None
 
 
 def _shape(plan) -> str:
@@ -219,13 +219,8 @@ def speedup(ours: Run | None, other: Run | None) -> tuple[float | None, bool]:
         return None, False
     if ours.throughput and other.throughput:
         return ours.throughput / other.throughput, True
-    if (
-        ours.status in ("ok", "skipped")
-        and other.status in ("ok", "skipped")
-        and ours.predicted_s
-        and other.predicted_s
-    ):
-        return other.predicted_s / ours.predicted_s, False
+    if ours.status in ("ok", "skipped") and other.status in ("ok", "skipped") and ours.expected_s and other.expected_s:
+        return other.expected_s / ours.expected_s, False
     return None, False
 
 
