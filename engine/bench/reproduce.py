@@ -278,8 +278,10 @@ def summarize(runs: list[Run]) -> list[CellSummary]:
 class Claims:
     """The paper's claims checked against the measured cells (predicted speedups do not count)."""
 
-    wins: int  # measured head-to-head comparisons Asteroid won (speedup >= 1)
+    wins: int  # measured head-to-head comparisons Asteroid won with a plan of its own (speedup >= 1)
     comparisons: int
+    ties: int  # ... where the rival ran Asteroid's own plan (`same_plan`): one plan measured twice
+    tie_spread: float  # the largest |speedup - 1| among those: the measurement's own noise
     best_vs_ddp: tuple[float, str]  # (speedup, "model on cluster at N Mbps"); (0.0, "") when none was measured
     best_vs_pipeline: tuple[float, str]
     within: list[float]  # |measured / predicted - 1| of each cell where Asteroid ran
@@ -293,21 +295,34 @@ class Claims:
         return sorted(self.within)[len(self.within) // 2] if self.within else None
 
 
+def same_plan(a: Run, b: Run) -> bool:
+    """Whether two runs trained the same plan: the same shape and the same predictions to the last bit (records
+    keep no more of the plan)."""
+    return bool(a.shape) and (a.shape, a.predicted_s, a.simulated_s) == (b.shape, b.predicted_s, b.simulated_s)
+
+
 def claims(summaries: list[CellSummary]) -> Claims:
     """Wins, the largest measured speedups (the first cell in `summaries` order on a tie) and prediction error."""
     best = {"ddp": (0.0, ""), "pipe": (0.0, "")}
-    wins = comparisons = 0
-    within = []
+    wins = comparisons = ties = 0
+    spread, within = 0.0, []
     for s in summaries:
         c = s.cell
         for key, (v, measured) in (("ddp", s.vs_ddp), ("pipe", s.vs_best_pipeline)):
             if v and measured and v > best[key][0]:
                 best[key] = (v, f"{c.model} on {c.cluster} at {c.bandwidth_mbps:g} Mbps")
-        for v, measured in [s.vs_ddp, *s.vs_pipelines]:
-            if v is not None and measured:
-                wins += v >= 1
-                comparisons += 1
         ours = s.runs.get("asteroid")
+        for method in ("ddp", *PIPELINES):
+            other = s.runs.get(method)
+            v, measured = speedup(ours, other)
+            if v is None or not measured:
+                continue
+            comparisons += 1
+            if same_plan(ours, other):
+                ties += 1
+                spread = max(spread, abs(v - 1))
+            else:
+                wins += v >= 1
         if ours and ours.status == "ok":
             within.append(abs(ours.measured_s / ours.expected_s - 1))
-    return Claims(wins, comparisons, best["ddp"], best["pipe"], within)
+    return Claims(wins, comparisons, ties, spread, best["ddp"], best["pipe"], within)

@@ -30,3 +30,15 @@ def test_records_from_before_the_simulation_load_and_use_the_closed_form(tmp_pat
     path.write_text(json.dumps([doc]))
     (loaded,) = load_runs([path])
     assert loaded.simulated_s is None and loaded.expected_s == 0.010
+
+
+def test_a_rival_that_ran_asteroids_own_plan_is_a_tie_not_a_loss():
+    ours = run("asteroid", 0.0101, 0.0120, 0.0100)
+    same = run("ftpipehd", 0.0100, 0.0120, 0.0100)  # its planner chose the same plan, measured a little faster
+    same.shape = ours.shape = "tx2 > nano, M=8"
+    other = run("pipedream", 0.0300, 0.0300, 0.0280)
+    c = claims(summarize([ours, same, other]))
+    assert (c.wins, c.ties, c.comparisons) == (1, 1, 2)
+    assert abs(c.tie_spread - (1 - 0.0100 / 0.0101)) < 1e-12
+    text = report([ours, same, other], "bench reproduce")
+    assert "0.99x (same plan)" in text and "won 1 and lost 0 of 2; in the other 1" in text
