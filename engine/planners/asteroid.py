@@ -57,6 +57,10 @@ REFINE_PASSES = 4  # at most this many rounds of moving the blocked plan's cuts
 # instances reach 0.67), at most RANK_KEEP per micro-batch count and RANK_PLANS in all (the closed form's
 # fastest), simulated.
 RANK_RATIO, RANK_KEEP, RANK_PLANS = 0.75, 3, 8
+# GPipe's and FTPipeHD's plans join the ranking on clusters the exact search covers, up to this many layers
+# (every zoo model): past it FTPipeHD's chain DP takes longer than the search itself (1.5 s at 9 x 100 here).
+# PipeDream's planner costs seconds even on small clusters and is left out.
+RIVALS_MAX_LAYERS = 50
 
 
 class _Search:
@@ -372,14 +376,14 @@ def plan(problem: Problem, progress: bool = False) -> Plan:
 def _rank(problem: Problem, searches: list[_Search], best: Plan, exact: bool, progress: bool) -> Plan:
     """Of the plans that may simulate faster than the closed form's optimum `best` (closed-form time up to its
     simulated time / RANK_RATIO; the RANK_KEEP fastest of each micro-batch count that fit) and, on a cluster
-    small enough for the exact search, the baseline planners' plans (all inside this planner's space), the one
-    the event-driven simulator runs fastest; `best` on a tie.
+    small enough for the exact search and a model of at most RIVALS_MAX_LAYERS, GPipe's and FTPipeHD's plans
+    (inside this planner's space), the one the event-driven simulator runs fastest; `best` on a tie.
 
     The closed form charges every send as if it held its device up and every stage's whole time to the fill
     and drain, so it over-predicts, most where sends are long or the slowest stage comes early (the simulator
     says 0.67-1.0 of it on the test instances), while the simulator follows the runtime's 1F1B within a few
     per cent. Ranking near-optima by the simulator keeps the search on the fast closed form and picks what
-    runs fastest; the baselines' plans, shaped by other rules, are cheap on small clusters and sometimes
+    runs fastest; GPipe's and FTPipeHD's plans, shaped by other rules, are cheap on small clusters and sometimes
     overlap their sends better than any of the closed form's near-optima.
     """
     best = simulated(best, problem.workload)
@@ -393,8 +397,8 @@ def _rank(problem: Problem, searches: list[_Search], best: Plan, exact: bool, pr
                     found.setdefault((candidate.micro_batches, candidate.stages), candidate)
             bar.update(note=f"{search.M} micro-batches")
     ranked = sorted(found.values(), key=lambda p: p.predicted.iteration_s)[:RANK_PLANS]
-    if exact:
-        for rival in (baselines.gpipe, baselines.pipedream, baselines.ftpipehd):
+    if exact and problem.workload.num_layers <= RIVALS_MAX_LAYERS:
+        for rival in (baselines.gpipe, baselines.ftpipehd):
             try:
                 other = rival(problem)
             except NoFeasiblePlan:
