@@ -196,12 +196,13 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="run a benchmark and print its tables")
     b.add_argument(
         "name",
-        choices=["planner", "reproduce", "recovery", "compression", "predictor", "spread"],
+        choices=["planner", "reproduce", "recovery", "compression", "predictor", "spread", "ideal"],
         help="planner: planning time and predicted throughput; reproduce: train every method on clusters A-D; "
         "recovery: recovery from killed devices against a checkpoint-restart baseline; compression: training at "
         "each compression level between stages against none; predictor: latency prediction for an unseen device, leave "
         "one measured configuration out; spread: FTPipeHD's setting (an NX beside boards 10x slower), Asteroid, "
-        "FTPipeHD and the even pipeline trained",
+        "FTPipeHD and the even pipeline trained; ideal: where the device time of Asteroid's plans goes against the "
+        "ideal, by batch size (simulated; default clusters B and C at 1000 Mbps)",
     )
     b.add_argument("--quick", action="store_true", help="a small grid, for a fast look")
     b.add_argument("--timeout", type=_positive_float, default=60.0, help="planner: seconds allowed per cell")
@@ -209,11 +210,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--clusters",
         default=None,
-        help="reproduce, recovery, compression: clusters to run (default ABCD; compression: C)",
+        help="reproduce, recovery, compression, ideal: clusters to run (default ABCD; compression: C; ideal: BC)",
     )
     b.add_argument(
         "--models",
-        help="reproduce, recovery, compression, spread: comma-separated models (default: the paper's four; "
+        help="reproduce, recovery, compression, spread, ideal: comma-separated models (default: the paper's four; "
         "compression: mobilenetv2,gpt-small; spread: mobilenetv2,vgg16,bert-small)",
     )
     b.add_argument(

@@ -1,5 +1,5 @@
 """Benchmarks, kept apart from the library: `python -m engine bench planner|reproduce|recovery|compression|predictor|
-spread` (arguments in engine/cli.py).
+spread|ideal` (arguments in engine/cli.py).
 
 planner.py: planning time and every method's predicted throughput; reproduce.py: every method trained on emulated
 clusters A-D, and its summaries as plain data; render.py: those summaries as markdown and a Plotly figure.
@@ -17,7 +17,7 @@ from engine.errors import UserError
 def run(args: argparse.Namespace) -> str:
     """The markdown report of the benchmark `args.name`, from the `python -m engine bench` arguments."""
     benches = {"planner": run_planner, "reproduce": run_reproduce, "recovery": run_recovery}
-    benches |= {"compression": run_compression, "predictor": run_predictor, "spread": run_spread}
+    benches |= {"compression": run_compression, "predictor": run_predictor, "spread": run_spread, "ideal": run_ideal}
     return benches[args.name](args)
 
 
@@ -196,3 +196,24 @@ def run_spread(args: argparse.Namespace) -> str:
     command = "python -m engine " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["bench"] else "bench spread"
     runs = spread.spread_bench({m: spread.MODELS[m] for m in names}, bandwidths, iterations)
     return spread.report(runs, command, iterations)
+
+
+def run_ideal(args: argparse.Namespace) -> str:
+    """Where Asteroid's device time goes against the ideal (default: the reproduction's models, B and C, 1000 Mbps)."""
+    from engine.bench import ideal
+    from engine.bench.reproduce import MODELS
+
+    names = [m.strip() for m in (args.models or ",".join(MODELS)).split(",") if m.strip()]
+    unknown = [m for m in names if m not in MODELS]
+    if unknown or not names:
+        raise UserError(f"--models takes some of {', '.join(MODELS)} here, got {args.models!r}")
+    clusters = (args.clusters or "BC").upper()
+    if not clusters or any(c not in "ABCD" for c in clusters):
+        raise UserError(f"--clusters takes letters of ABCD, got {args.clusters!r}")
+    bandwidths = _bandwidths(args.bandwidths if args.bandwidths != "1000,100" else "1000")
+    if len(bandwidths) != 1:
+        raise UserError(f"bench ideal takes one bandwidth, got {args.bandwidths!r}")
+    (mbps,) = bandwidths
+    command = "python -m engine " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["bench"] else "bench ideal"
+    rows = ideal.ideal_bench({m: MODELS[m] for m in names}, clusters, mbps, sys.stderr.isatty())
+    return ideal.report(rows, command, mbps)

@@ -78,3 +78,30 @@ def test_spread_run_trains_the_even_pipeline_and_the_report_gives_measured_ratio
     text = report([ours, ft, even, failed], "bench spread")
     assert "| mobilenetv2 | 1000 | 3.00x | 1.33x | 4.00x |" in text
     assert "failed: its best plan does not fit in memory" in text and "| vgg16 | 1000 | n/a | n/a | n/a |" in text
+
+
+def test_ideal_breakdown_splits_every_devices_time():
+    from engine.bench.ideal import breakdown, report
+    from engine.devices import load_cluster
+
+    cluster = load_cluster("C")
+    small, large = (breakdown(synthetic_workload(20), cluster, batch) for batch in (16, 256))
+    for b in (small, large):
+        shares = (b.compute, b.overhead, b.allreduce, b.unused, b.waiting)
+        assert all(s >= -1e-9 for s in shares) and abs(sum(shares) - 1) < 1e-9
+        assert 0 < b.of_ideal < 1 and b.cluster == cluster.name and b.model == "synthetic-20"
+    # A bigger batch fills the pipeline better: less of the time goes to launch overhead and waiting.
+    assert large.overhead + large.waiting < small.overhead + small.waiting
+    assert "| synthetic-20 | C | 256 |" in report([small, large], "bench ideal", 1000.0)
+
+
+def test_ideal_bench_arguments_are_checked(capsys):
+    from engine.cli import main
+
+    for argv, message in (
+        (["bench", "ideal", "--models", "gpt-small"], "--models takes some of"),
+        (["bench", "ideal", "--clusters", "BX"], "--clusters takes letters of ABCD"),
+        (["bench", "ideal", "--bandwidths", "100,1000"], "bench ideal takes one bandwidth"),
+    ):
+        assert main(argv) == 2
+        assert message in capsys.readouterr().err
