@@ -30,7 +30,7 @@ class Run:
     method: str  # a key of METHODS
     shape: str = ""
     micro_batches: int = 0
-    predicted: float = 0.0  # samples/s
+    predicted: float = 0.0  # samples/s at the simulated iteration
     measured: float = 0.0  # samples/s, device time
     ideal: float = 0.0
     wall_s: float = 0.0
@@ -62,7 +62,8 @@ def run_one(model: str, batch: int, mbps: float, method: str, iterations: int) -
     start = time.monotonic()
     try:
         plan = make_plan(METHODS[method], Problem(w, cluster, batch))
-        run.shape, run.micro_batches, run.predicted = _shape(plan), plan.micro_batches, plan.predicted.throughput
+        run.shape, run.micro_batches = _shape(plan), plan.micro_batches
+        run.predicted = plan.predicted.expected_throughput
         if not plan.predicted.fits:
             run.error = "its best plan does not fit in memory"
             return run
