@@ -61,6 +61,9 @@ RANK_RATIO, RANK_KEEP, RANK_PLANS = 0.75, 3, 8
 # (every zoo model): past it FTPipeHD's chain DP takes longer than the search itself (1.5 s at 9 x 100 here).
 # PipeDream's planner costs seconds even on small clusters and is left out.
 RIVALS_MAX_LAYERS = 50
+# The near-optima are searched for (a search with a looser bound, costly: 8 x 20 took 5x the search itself)
+# only up to this search size (every A-D cluster: 21-180) and RIVALS_MAX_LAYERS.
+RANK_SEARCH_LIMIT = 200
 
 
 class _Search:
@@ -375,9 +378,10 @@ def plan(problem: Problem, progress: bool = False) -> Plan:
 
 def _rank(problem: Problem, searches: list[_Search], best: Plan, exact: bool, progress: bool) -> Plan:
     """Of the plans that may simulate faster than the closed form's optimum `best` (closed-form time up to its
-    simulated time / RANK_RATIO; the RANK_KEEP fastest of each micro-batch count that fit) and, on a cluster
-    small enough for the exact search and a model of at most RIVALS_MAX_LAYERS, GPipe's and FTPipeHD's plans
-    (inside this planner's space), the one the event-driven simulator runs fastest; `best` on a tie.
+    simulated time / RANK_RATIO; the RANK_KEEP fastest of each micro-batch count that fit; searched for up to
+    RANK_SEARCH_LIMIT) and, on a cluster small enough for the exact search and a model of at most
+    RIVALS_MAX_LAYERS, GPipe's and FTPipeHD's plans (inside this planner's space), the one the event-driven
+    simulator runs fastest; `best` on a tie (and, past those limits, `best` itself, simulated).
 
     The closed form charges every send as if it held its device up and every stage's whole time to the fill
     and drain, so it over-predicts, most where sends are long or the slowest stage comes early (the simulator
@@ -389,15 +393,17 @@ def _rank(problem: Problem, searches: list[_Search], best: Plan, exact: bool, pr
     best = simulated(best, problem.workload)
     cap = best.predicted.simulated_s / RANK_RATIO
     found = {(best.micro_batches, best.stages): best}
-    with Progress(len(searches), "ranking the fastest plans by simulation", enabled=progress) as bar:
-        for search in searches:
+    small = problem.workload.num_layers <= RIVALS_MAX_LAYERS
+    near = small and search_size(problem.cluster, problem.workload) <= RANK_SEARCH_LIMIT
+    with Progress(len(searches) if near else 0, "ranking the fastest plans by simulation", enabled=progress) as bar:
+        for search in searches if near else []:
             for _t, layout in search.several(cap / search.M, relaxed=True, keep=RANK_KEEP):
                 candidate = finish(problem, "asteroid", search.M, _to_stages(search, layout))
                 if candidate.predicted.fits:
                     found.setdefault((candidate.micro_batches, candidate.stages), candidate)
             bar.update(note=f"{search.M} micro-batches")
     ranked = sorted(found.values(), key=lambda p: p.predicted.iteration_s)[:RANK_PLANS]
-    if exact and problem.workload.num_layers <= RIVALS_MAX_LAYERS:
+    if exact and small:
         for rival in (baselines.gpipe, baselines.ftpipehd):
             try:
                 other = rival(problem)
