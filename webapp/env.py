@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import re
 import secrets
 from collections.abc import Sequence
 from pathlib import Path
@@ -11,6 +13,7 @@ from urllib.parse import urlsplit, urlunsplit
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+HOSTNAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
 TRUE = {"1", "true", "yes", "on"}
 FALSE = {"0", "false", "no", "off"}
 
@@ -65,6 +68,47 @@ def env_choice(name: str, default: str, choices: Sequence[str], what: str) -> st
         if value.lower() == choice.lower():
             return choice
     raise ImproperlyConfigured(f"{name}={value!r} is not {what}; use one of {', '.join(choices)} or none")
+
+
+WILDCARDS = ("0.0.0.0", "::")
+
+
+def env_host(name: str, default: str) -> str:
+    """An address to listen on: an IPv4 or IPv6 address or a host name (0.0.0.0 and :: listen on every interface)."""
+    value = env_str(name, default)
+    try:
+        return str(ipaddress.ip_address(value.strip("[]")))
+    except ValueError:
+        pass
+    if not HOSTNAME.fullmatch(value):
+        raise ImproperlyConfigured(f"{name}={value!r} is not an IP address or a host name (e.g. 192.168.1.10)")
+    return value
+
+
+def url_host(host: str) -> str:
+    """`host` as it is written in a URL: an IPv6 address in brackets."""
+    return f"[{host}]" if ":" in host else host
+
+
+def site_url(host: str, port: int, name: str = "ASTEROID_SITE_URL") -> str:
+    """The URL boards and people reach the site at: `name` when set, else http://HOST:PORT. A site listening on
+    every interface (0.0.0.0) has no one address to tell the boards, so `name` is required then."""
+    value = env_str(name).rstrip("/")
+    if not value:
+        if host in WILDCARDS:
+            raise ImproperlyConfigured(
+                f"ASTEROID_HOST={host} listens on every interface, but the boards need one address to reach the site: "
+                f"set {name}=http://LAN-ADDRESS:{port}"
+            )
+        return f"http://{url_host(host)}:{port}"
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={value!r} is malformed (check the port)") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query:
+        raise ImproperlyConfigured(f"{name}={value!r} must be an http(s) URL such as http://192.168.1.10:8000")
+    return value
 
 
 def env_list(name: str, default: list[str]) -> list[str]:

@@ -2,10 +2,23 @@
 
 from datetime import timedelta
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import plotly
 
-from webapp.env import database_config, env_bool, env_int, env_list, env_str, redis_url, secret_key
+from webapp.env import (
+    WILDCARDS,
+    database_config,
+    env_bool,
+    env_host,
+    env_int,
+    env_list,
+    env_port,
+    env_str,
+    redis_url,
+    secret_key,
+    site_url,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 # Runtime files: SQLite database, dev secret key, embedded Redis, agents' credentials, job files, collected static.
@@ -13,7 +26,14 @@ VAR_DIR = Path(env_str("ASTEROID_VAR_DIR", str(BASE_DIR / "var")))
 
 DEBUG = env_bool("DJANGO_DEBUG", True)
 SECRET_KEY = secret_key(DEBUG, VAR_DIR / "secret_key")
-ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["127.0.0.1", "localhost"])
+# Serving a lab (docs/deployment.md): the address the site, its agents' socket and the jobs' store gateway listen on,
+# and the URL boards reach it at (the enrollment command names it, whatever address a browser used).
+ASTEROID_HOST = env_host("ASTEROID_HOST", "127.0.0.1")
+ASTEROID_PORT = env_port("ASTEROID_PORT", 8000)
+ASTEROID_SITE_URL = site_url(ASTEROID_HOST, ASTEROID_PORT)
+# The site answers to the names it is served at, besides any listed in DJANGO_ALLOWED_HOSTS.
+_served_at = [h for h in (ASTEROID_HOST, urlsplit(ASTEROID_SITE_URL).hostname) if h and h not in WILDCARDS]
+ALLOWED_HOSTS = list(dict.fromkeys(env_list("DJANGO_ALLOWED_HOSTS", ["127.0.0.1", "localhost"]) + _served_at))
 CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
 
 INSTALLED_APPS = [
@@ -142,9 +162,11 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 ASTEROID_HEARTBEAT_S = env_int("ASTEROID_HEARTBEAT_S", 5, minimum=1)  # agents send one this often
 ASTEROID_MISSED_HEARTBEATS = 3  # a device this many heartbeats late is offline
 ASTEROID_ACCEPT_TIMEOUT_S = env_int("ASTEROID_ACCEPT_TIMEOUT_S", 60, minimum=1)  # for agents to accept a launch
-# The address agents' device processes reach a job's store at (the coordinators process hosts it on every
-# interface, on a free port): 127.0.0.1 for emulated devices, the site's LAN address for real boards.
-ASTEROID_STORE_HOST = env_str("ASTEROID_STORE_HOST", "127.0.0.1")
+# Jobs' stores listen on loopback only; the boards reach them through the coordinators process's store gateway
+# (workers/storelink.py), which admits only a job's own devices, on this one fixed port of ASTEROID_HOST.
+ASTEROID_STORE_PORT = env_port("ASTEROID_STORE_PORT", ASTEROID_PORT + 1 if ASTEROID_PORT < 65535 else 8001)
+# The address agents reach the gateway at: the site URL's host unless told otherwise (a proxy in between).
+ASTEROID_STORE_HOST = env_str("ASTEROID_STORE_HOST", urlsplit(ASTEROID_SITE_URL).hostname or "127.0.0.1")
 ASTEROID_DETECT_S = env_int("ASTEROID_DETECT_S", 2, minimum=1)  # a device process silent this long is lost
 ASTEROID_RUN_TIMEOUT_S = env_int("ASTEROID_RUN_TIMEOUT_S", 60, minimum=1)  # the runtime's rendezvous timeout
 ASTEROID_AGENT_MAX_MESSAGE = 256 * 1024  # bytes of one agent message; larger ones are rejected

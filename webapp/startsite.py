@@ -1,5 +1,8 @@
 """Start the whole site on one machine: `python -m webapp.startsite` (what `make run` does).
 
+It serves on ASTEROID_HOST (default 127.0.0.1; a lab sets its LAN address, docs/deployment.md) at ASTEROID_PORT,
+and the jobs' store gateway on ASTEROID_STORE_PORT of the same address.
+
 Starts an embedded Redis unless REDIS_URL is set, applies migrations, makes sure an `admin` account exists,
 then runs daphne (webapp.asgi), a Celery worker with beat (planning, health checks), the jobs' coordinators
 (`manage.py coordinators`) and one emulated device
@@ -11,6 +14,8 @@ through webapp/env.py.
 
 from __future__ import annotations
 
+import argparse
+import errno
 import os
 import secrets
 import signal
@@ -26,10 +31,9 @@ from django.core.exceptions import ImproperlyConfigured
 from engine.errors import UserError
 from webapp.children import spawn, stop
 from webapp.embedded_redis import EmbeddedRedis, RedisStartError
-from webapp.env import env_choice, env_port, env_str
+from webapp.env import WILDCARDS, env_choice, env_str, url_host
 from workers.enroll import State, load_state, save_state
 
-HOST = "127.0.0.1"
 ADMIN = "admin"
 
 
@@ -45,32 +49,41 @@ def _on_signal(signum, frame):
     raise Stop(signal.Signals(signum).name)
 
 
-def port_from_env() -> int:
-    """The port daphne serves on (ASTEROID_PORT, default 8000)."""
-    return env_port("ASTEROID_PORT", 8000)
-
-
 def admin_password_from_env() -> str:
     """ASTEROID_ADMIN_PASSWORD exactly as given (spaces are part of a password), or "" when unset."""
     return env_str("ASTEROID_ADMIN_PASSWORD", strip=False)
 
 
-def check_port_free(port: int) -> None:
-    with socket.socket() as s:
+def check_port_free(host: str, port: int, setting: str = "ASTEROID_PORT") -> None:
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise StartError(f"ASTEROID_HOST={host} cannot be resolved: {exc.strerror or exc}") from None
+    family, _, _, _, address = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as s:
         # as daphne binds: a port whose last connections linger in TIME_WAIT after a stop is free to serve on
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            s.bind((HOST, port))
-        except OSError:
-            raise StartError(f"port {port} on {HOST} is in use; stop what uses it or set ASTEROID_PORT") from None
+            s.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRNOTAVAIL:
+                raise StartError(
+                    f"ASTEROID_HOST={host} is not an address of this machine; use one that `ip addr` lists"
+                ) from None
+            raise StartError(f"port {port} on {host} is in use; stop what uses it or set {setting}") from None
 
 
-def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 30.0) -> None:
+def _reach(host: str) -> str:
+    """The address this machine reaches a server listening on `host` at (loopback for a wildcard)."""
+    return "127.0.0.1" if host in WILDCARDS else host
+
+
+def wait_for_port(host: str, port: int, proc: subprocess.Popen, timeout: float = 30.0) -> None:
     """Return once something accepts connections on `port`; fail if `proc` exits first."""
     deadline = time.monotonic() + timeout
     while proc.poll() is None:
         try:
-            socket.create_connection((HOST, port), timeout=1).close()
+            socket.create_connection((_reach(host), port), timeout=1).close()
             return
         except OSError:
             if time.monotonic() > deadline:
@@ -150,10 +163,11 @@ def _saved_state(path: Path) -> State | None:
         return None
 
 
-def serve(port: int, redis_url: str, redis_note: str, admin_password: str | None, cluster=None) -> int:
+def serve(redis_url: str, redis_note: str, admin_password: str | None, cluster=None) -> int:
     """Run daphne, a Celery worker (with beat) and the emulated agents until a signal or until the server dies."""
     from django.conf import settings
 
+    host, port = settings.ASTEROID_HOST, settings.ASTEROID_PORT
     env = {**os.environ, "REDIS_URL": redis_url}
     python = sys.executable
     procs: dict[str, subprocess.Popen] = {}
@@ -169,13 +183,17 @@ def serve(port: int, redis_url: str, redis_note: str, admin_password: str | None
         # every running job's coordinator: the run's store, its recoveries (webapp/jobs/coordinating.py)
         procs["coordinators"] = spawn([python, str(settings.BASE_DIR / "manage.py"), "coordinators"], env=env)
         procs["daphne"] = spawn(
-            [python, "-m", "daphne", "-b", HOST, "-p", str(port), "webapp.asgi:application"], env=env
+            [python, "-m", "daphne", "-b", host, "-p", str(port), "webapp.asgi:application"], env=env
         )
-        wait_for_port(port, procs["daphne"])
+        wait_for_port(host, port, procs["daphne"])
         if cluster is not None:
-            commands = agent_commands(cluster, f"http://{HOST}:{port}", settings.VAR_DIR / "agents")
+            local = f"http://{url_host(_reach(host))}:{port}"  # the emulated agents run on this machine
+            commands = agent_commands(cluster, local, settings.VAR_DIR / "agents")
             agents = {name: spawn(args, env=env) for name, args in commands.items()}
-        print(f"\nAsteroid is running at http://{HOST}:{port}/", flush=True)
+        print(f"\nAsteroid is running at {settings.ASTEROID_SITE_URL}/", flush=True)
+        if host not in ("127.0.0.1", "localhost", "::1"):
+            print(f"  boards enroll with: python -m workers.agent --server {settings.ASTEROID_SITE_URL} --token T")
+            print(f"  jobs' store gateway: {host}:{settings.ASTEROID_STORE_PORT} (docs/deployment.md)")
         if admin_password:
             shown = "(from ASTEROID_ADMIN_PASSWORD)" if admin_password_from_env() else admin_password
             print(f"  log in as {ADMIN} / {shown}   (new account; this password is not shown again)")
@@ -212,16 +230,28 @@ def serve(port: int, redis_url: str, redis_note: str, admin_password: str | None
                 stop(proc)
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(
+        prog="python -m webapp.startsite",
+        description="Start the Asteroid site: Redis (embedded unless REDIS_URL), migrations, daphne, Celery, the "
+        "jobs' coordinators and emulated device agents, until Ctrl-C. Every setting comes from the environment: "
+        "ASTEROID_HOST (address to serve on, default 127.0.0.1), ASTEROID_PORT (8000), ASTEROID_STORE_PORT "
+        "(ASTEROID_PORT + 1), ASTEROID_SITE_URL, ASTEROID_CLUSTER (C; none for no emulated agents), DATABASE_URL, "
+        "REDIS_URL; see README 'Configuration' and docs/deployment.md.",
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    build_parser().parse_args(argv)  # --help, and a one-line error for anything else
     signal.signal(signal.SIGINT, _on_signal)
     signal.signal(signal.SIGTERM, _on_signal)
     redis = None
     try:
-        port = port_from_env()
-        check_port_free(port)
         setup_django()  # reads every setting: a bad one fails here, before anything starts
         from django.conf import settings
 
+        check_port_free(settings.ASTEROID_HOST, settings.ASTEROID_PORT)
+        check_port_free(settings.ASTEROID_HOST, settings.ASTEROID_STORE_PORT, "ASTEROID_STORE_PORT")
         cluster = cluster_from_env()
         redis_url, redis_note = settings.REDIS_URL, "from REDIS_URL"
         if not redis_url:
@@ -229,7 +259,7 @@ def main() -> int:
             redis_url, redis_note = redis.start(), "embedded, stops with this launcher"
         migrate()
         password = ensure_admin()
-        return serve(port, redis_url, redis_note, password, cluster)
+        return serve(redis_url, redis_note, password, cluster)
     except (StartError, ImproperlyConfigured, RedisStartError, UserError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

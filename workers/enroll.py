@@ -54,7 +54,9 @@ def enroll(site: Site, token: str, tries: int = ENROLL_TRIES) -> State:
             reply = site.post_json(ENROLL_PATH, {"token": token})
             break
         except HttpError as exc:
-            if exc.status in (400, 401, 403, 404):
+            if exc.status == 400:  # not about the token: the site says what (e.g. it does not answer to this host)
+                raise UserError(f"the server at {site.url} refused the enrollment request: {exc.message}") from None
+            if exc.status in (401, 403, 404):
                 raise UserError(
                     f"the server refused the enrollment token ({exc.message}): it is wrong or already used; "
                     "get a new one from the site's Devices page"

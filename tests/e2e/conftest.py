@@ -59,6 +59,7 @@ def site_env(var: Path, port: int, profile_cache: Path, cluster: str) -> dict:
     env.update(
         ASTEROID_VAR_DIR=str(var),
         ASTEROID_PORT=str(port),
+        ASTEROID_STORE_PORT=str(free_port()),  # the jobs' store gateway
         ASTEROID_ADMIN_PASSWORD=ADMIN_PASSWORD,
         ASTEROID_CLUSTER=cluster,
         ASTEROID_CACHE_DIR=str(profile_cache),  # the quick profile: planning and agents skip profiling

@@ -9,11 +9,14 @@ from webapp.devices.models import Device
 from webapp.lib.tokens import token_hash
 
 
-def test_staff_adds_a_device_and_sees_the_command_once(client, alice):
+def test_staff_adds_a_device_and_sees_the_command_once(client, alice, settings):
+    # The command names the site's configured URL (ASTEROID_HOST / ASTEROID_SITE_URL), which boards reach, not the
+    # Host the administrator's browser used (regression: it named http://127.0.0.1:8000 to every board).
+    settings.ASTEROID_SITE_URL = "http://198.18.42.1:8000"
     client.force_login(alice)
     page = client.post("/devices/add/", {"name": "nano-lab-1", "kind": "jetson-nano"}).content.decode()
     command = re.search(r'<pre class="command" id="agent-command">([^<]+)</pre>', page).group(1)
-    assert command.startswith("python -m workers.agent --server http://testserver --token ast_enroll_")
+    assert command.startswith("python -m workers.agent --server http://198.18.42.1:8000 --token ast_enroll_")
     token = command.rsplit(" ", 1)[1]
     device = Device.objects.get(name="nano-lab-1")
     assert device.enrollment_hash == token_hash(token) and token not in str(Device.objects.values())

@@ -24,7 +24,7 @@ def launcher_env(tmp_path, **extra):
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "ASTEROID_ADMIN_PASSWORD")}
     private = {"ASTEROID_VAR_DIR": str(tmp_path / "var"), "ASTEROID_CLUSTER": "none"}  # agents: tests/e2e
     return {**env, **private, "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}", "ASTEROID_PORT": str(free_port()),
-            **extra}  # fmt: skip
+            "ASTEROID_STORE_PORT": str(free_port()), **extra}  # fmt: skip
 
 
 def children_of(pid: int) -> list[int]:

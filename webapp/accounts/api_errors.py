@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from django.conf import settings
-from django.core.exceptions import PermissionDenied, RequestDataTooBig, SuspiciousOperation
+from django.core.exceptions import DisallowedHost, PermissionDenied, RequestDataTooBig, SuspiciousOperation
 from django.http import Http404
 from django.urls import resolve
 from django.views.decorators.csrf import csrf_exempt
@@ -23,6 +23,14 @@ def not_found(request):
     return error(404, f"{line}; see README 'JSON API and sockets'")
 
 
+def disallowed_host(request) -> str:
+    host = request.META.get("HTTP_HOST", "")[:100]
+    return (
+        f"this site does not answer to the host {host!r}: reach it at {settings.ASTEROID_SITE_URL}, or add "
+        f"{host.rsplit(':', 1)[0] if host.count(':') == 1 else host!r} to DJANGO_ALLOWED_HOSTS on the site"
+    )
+
+
 class ApiErrors:
     """Middleware, first in MIDDLEWARE: the exceptions that Django answers with an HTML page (404, a body over
     DATA_UPLOAD_MAX_MEMORY_SIZE, 403, 400) become JSON with their message; any other non-JSON error response of an
@@ -32,6 +40,11 @@ class ApiErrors:
         self.get_response = get_response
 
     def __call__(self, request):
+        if request.path.startswith(PREFIX):
+            try:
+                request.get_host()
+            except DisallowedHost:  # Django's own answer is a bare "bad request": say which host and what to do
+                return error(400, disallowed_host(request))
         response = self.get_response(request)
         if not request.path.startswith(PREFIX) or response.status_code < 400:
             return response

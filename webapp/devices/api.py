@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
@@ -13,8 +14,9 @@ from webapp.devices.models import Device
 
 
 def agent_command(request, token: str) -> str:
-    """The line to paste on the board."""
-    return f"python -m workers.agent --server {request.build_absolute_uri('/').rstrip('/')} --token {token}"
+    """The line to paste on the board: it names the site's configured URL (ASTEROID_SITE_URL, from ASTEROID_HOST and
+    ASTEROID_PORT), which the boards reach, not whatever address this browser used (127.0.0.1 on the site host)."""
+    return f"python -m workers.agent --server {settings.ASTEROID_SITE_URL} --token {token}"
 
 
 def enrollment(request, device: Device, token: str) -> dict:
