@@ -1,4 +1,5 @@
-"""The agent's WebSocket session with the site: hello/welcome, events with acks and resends, heartbeats, reconnects.
+"""The agent's WebSocket session with the site: hello/welcome, events with acks and resends, heartbeats, clock
+probes, reconnects.
 
 Everything here runs on one asyncio loop that never does heavy work: training is in a child process,
 and preparing a job (which may profile a model) runs in a worker thread, so heartbeats always go out.
@@ -7,16 +8,20 @@ and preparing a job (which may profile a model) runs in a worker thread, so hear
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import random
 import threading
+import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, InvalidURI, WebSocketException
 
 from engine.errors import UserError
+from workers.clock import ClockSync
 from workers.device import Runner
 from workers.outbox import Outbox
 from workers.site import Site
@@ -29,6 +34,10 @@ MAX_MESSAGE_BYTES = 192 * 1024  # under the site's 256 KiB frame limit
 SEND_EVERY_S = 0.2  # batch what is queued, a few times a second
 WELCOME_TIMEOUT_S = 10.0
 DEFAULT_HEARTBEAT_S = 5.0
+CLOCK_BURST = 8  # clock probes right after welcome, CLOCK_BURST_GAP_S apart ...
+CLOCK_BURST_GAP_S = 0.05
+CLOCK_EVERY_S = 5.0  # ... then one every CLOCK_EVERY_S
+CLOCK_IN_FLIGHT = 16  # the t0s of probes not yet answered; older ones are forgotten (their replies ignored)
 
 
 class Refused(UserError):
@@ -83,6 +92,13 @@ class Connection:
         self.backoff = backoff or Backoff()
         self.device: str | None = None  # the site's name for this device, from `welcome`
         self.connected = threading.Event()  # set while a session is up (after `welcome`)
+        # This host's clock against the site's, kept across reconnects (the clocks do not change); the runner
+        # hands its estimate to device processes.
+        self.clock = ClockSync()
+        runner.clock = self.clock
+        self._probes: deque[float] = deque(maxlen=CLOCK_IN_FLIGHT)  # t0s of probes in flight
+        self._clock_told = False  # the estimate's first readiness is logged, once
+        self._clock_unanswered = False  # the site said it does not know `clock` (an older site): no more probes
 
     async def run(self, stop: asyncio.Event) -> None:
         """Connect, serve, and reconnect with backoff until `stop`; buffered events wait in the outbox meanwhile."""
@@ -147,12 +163,14 @@ class Connection:
             every = welcome.get("heartbeat_s")
             every = every if isinstance(every, int | float) and not isinstance(every, bool) and every > 0 else None
             self.backoff.reset()
+            self._clock_unanswered = False  # the site may have been upgraded since
             self.connected.set()
             log.info("connected to %s as %s (%d events to resend)", self.site.url, self.device, len(self.outbox))
             tasks = [
                 asyncio.create_task(self._receive(ws)),
                 asyncio.create_task(self._send_events(ws)),
                 asyncio.create_task(self._heartbeats(ws, every or DEFAULT_HEARTBEAT_S)),
+                asyncio.create_task(self._clock_probes(ws)),
                 asyncio.create_task(stop.wait()),
             ]
             try:
@@ -188,9 +206,12 @@ class Connection:
 
     async def _receive(self, ws: ClientConnection) -> None:
         async for raw in ws:
+            received = time.monotonic()  # a `clock` reply's t3
             msg = _parse(raw)
             kind = msg.get("type")
-            if kind == "ack":
+            if kind == "clock":
+                self._clock_reply(msg, received)
+            elif kind == "ack":
                 self.outbox.ack(_int(msg.get("seq")))
             elif kind == "assign":
                 await self._assign(ws, msg)
@@ -208,6 +229,10 @@ class Connection:
                     self.runner.kill(msg.get("job"))
                 except UserError as exc:
                     log.warning("cannot kill: %s", exc)
+            elif kind == "error" and "unknown message type 'clock'" in str(msg.get("message")):
+                if not self._clock_unanswered:
+                    log.info("the site does not answer clock probes; device times stay in this host's clock")
+                self._clock_unanswered = True
             elif kind == "error":
                 log.warning("the site rejected a message: %s", msg.get("message"))
             else:
@@ -234,6 +259,28 @@ class Connection:
             if entries:
                 sent = entries[-1]["seq"]
             await asyncio.sleep(SEND_EVERY_S)
+
+    async def _clock_probes(self, ws: ClientConnection) -> None:
+        """A burst of probes, then one every CLOCK_EVERY_S; replies come to `_clock_reply`, or never. (It never
+        returns: the session ends when one of its tasks does.)"""
+        for k in itertools.count():
+            if not self._clock_unanswered:
+                t0 = time.monotonic()
+                self._probes.append(t0)
+                await ws.send(json.dumps({"type": "clock", "t0": t0}))
+            await asyncio.sleep(CLOCK_BURST_GAP_S if k < CLOCK_BURST - 1 else CLOCK_EVERY_S)
+
+    def _clock_reply(self, msg: dict, t3: float) -> None:
+        t0, t1, t2 = msg.get("t0"), msg.get("t1"), msg.get("t2")
+        if t0 not in self._probes:  # not ours, answered twice, or forgotten: nothing to time
+            log.debug("ignoring a clock reply to no probe in flight (t0 %r)", t0)
+            return
+        self._probes.remove(t0)
+        if not self.clock.add(t0, t1, t2, t3):
+            log.debug("dropped a malformed clock reply %s", msg)
+        elif self.clock.ready and not self._clock_told:
+            self._clock_told = True
+            log.info("clock: offset to the site %+.3f s (±%.1f ms)", self.clock.offset(), self.clock.error_s * 1e3)
 
     async def _heartbeats(self, ws: ClientConnection, every: float) -> None:
         while True:

@@ -3,6 +3,7 @@ only when applied, spoofing and finished jobs, jobs reconciled with what agents 
 
 import itertools
 import json
+import time
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -297,3 +298,35 @@ def test_a_malformed_probe_in_hello_is_refused(probe, needle):
     assert reply["type"] == "error" and needle in reply["message"]
     device.refresh_from_db()
     assert "probe" not in device.measured
+
+
+def test_clock_probes_are_answered_at_once_and_malformed_ones_get_one_error_line():
+    _, credential = enrolled()
+    sent = time.monotonic()
+    bad = [json.dumps({"type": "clock", **t0}) for t0 in ({}, {"t0": "1.5"}, {"t0": True}, {"t0": None})]
+    good = [json.dumps({"type": "clock", "t0": sent}), json.dumps({"type": "clock", "t0": 7})]
+    replies = talk(credential, *bad, '{"type": "clock", "t0": NaN}', *good)
+    assert replies[:5] == [
+        {"type": "error", "message": "clock: missing field 't0'"},
+        {"type": "error", "message": "clock: field 't0' has the wrong type (str)"},
+        {"type": "error", "message": "clock: field 't0' has the wrong type (bool)"},
+        {"type": "error", "message": "clock: missing field 't0'"},
+        {"type": "error", "message": "NaN is not a JSON number; send finite numbers (or null)"},
+    ]
+    answer, other = replies[5:]
+    assert answer["type"] == "clock" and answer["t0"] == sent <= answer["t1"] <= answer["t2"] <= time.monotonic()
+    assert other["t0"] == 7 and set(other) == {"type", "t0", "t1", "t2"}  # echoed as sent; the socket stayed open
+
+
+def test_a_clock_probe_before_hello_is_refused_like_any_message():
+    _, credential = enrolled()
+
+    async def run():
+        ws = agent_socket(credential)
+        assert (await ws.connect())[0]
+        assert await say(ws, {"type": "clock", "t0": 1.0}) == {"type": "error", "message": "say hello first"}
+        assert (await say(ws, HELLO))["type"] == "welcome"
+        assert (await say(ws, {"type": "clock", "t0": 1.0}))["type"] == "clock"
+        await ws.disconnect()
+
+    async_to_sync(run)()

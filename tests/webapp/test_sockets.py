@@ -1,5 +1,6 @@
 """The sockets: agents (device credential, checked messages, de-duplicated events) and job pages (who may watch)."""
 
+import asyncio
 import json
 
 import pytest
@@ -280,3 +281,63 @@ def test_held_out_scores_are_stored_relayed_and_in_the_jobs_json(bob, client):
     client.force_login(bob)
     scores = client.get(f"/api/jobs/{job.pk}/").json()["eval"]
     assert scores == [{k: v for k, v in ev.items() if k != "type"} for ev in (again, last)]
+
+
+async def bridged(ws) -> None:
+    """One connection of a real agent (a websockets client) relayed to and from the site's consumer."""
+    site = agent_socket(ws.request.headers.get("Authorization", "").removeprefix("Bearer "))
+    connected, code = await site.connect()
+    if not connected:
+        await ws.close(code or 1011)
+        return
+
+    async def up():
+        async for text in ws:
+            await site.send_to(text_data=text)
+
+    async def down():
+        while (out := await site.receive_output(60))["type"] == "websocket.send":
+            await ws.send(out["text"])
+        await ws.close(out.get("code") or 1000)
+
+    tasks = [asyncio.create_task(up()), asyncio.create_task(down())]
+    await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await site.disconnect()
+
+
+def test_an_agent_connection_estimates_its_clock_against_the_site():
+    """The agent's own session (workers/connection.py) against the site's consumer: its clock probes are answered,
+    and on one host the estimate's offset is ~0."""
+    from websockets.asyncio.server import serve
+
+    from workers.connection import Connection
+    from workers.device import Runner
+    from workers.outbox import Outbox
+    from workers.site import Site
+
+    _, credential = enrolled()
+
+    async def hello():
+        return HELLO
+
+    async def run():
+        async with serve(bridged, "127.0.0.1", 0) as server:
+            site = Site("http://127.0.0.1:1", f"ws://127.0.0.1:{server.sockets[0].getsockname()[1]}/ws/agent/")
+            outbox = Outbox()
+            runner = Runner(site, credential, outbox)
+            connection, stop = Connection(site, credential, hello, outbox, runner), asyncio.Event()
+            session = asyncio.create_task(connection.run(stop))
+            async with asyncio.timeout(20):
+                while not connection.clock.ready:
+                    await asyncio.sleep(0.05)
+            stop.set()
+            await session
+        return connection, runner
+
+    connection, runner = async_to_sync(run)()
+    clock = connection.clock
+    assert runner.clock is clock and clock.samples >= 4
+    assert abs(clock.offset()) < 0.05 and clock.error_s < 0.05 and clock.drift_ppm == 0.0

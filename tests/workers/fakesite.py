@@ -3,7 +3,8 @@
 The HTTP side is a stdlib ThreadingHTTPServer, the socket a `websockets` server on its own loop thread,
 both on 127.0.0.1 with free ports. It records every message, stores events as the real site does (only
 seqs above the last stored one per device and session), acknowledges them, and can be told to drop one
-connection in the middle of a stream.
+connection in the middle of a stream. It leaves `clock` probes unanswered, unless given a `clock_offset` (its
+clock then reads `time.monotonic() + clock_offset`) or told to `refuse_clock` as a site older than `clock` does.
 """
 
 from __future__ import annotations
@@ -25,12 +26,19 @@ class FakeSite:
     """`devices`: name -> credential; `tokens`: enrollment token -> device name (single use)."""
 
     def __init__(
-        self, devices: dict[str, str], tokens: dict[str, str] | None = None, heartbeat_s: float = 0.2, ws_port: int = 0
+        self,
+        devices: dict[str, str],
+        tokens: dict[str, str] | None = None,
+        heartbeat_s: float = 0.2,
+        ws_port: int = 0,
+        clock_offset: float | None = None,
+        refuse_clock: bool = False,
     ):
         self.credentials = {cred: name for name, cred in devices.items()}
         self.tokens = dict(tokens or {})
         self.revoked: set[str] = set()  # credentials refused after the handshake (close 4401)
         self.heartbeat_s, self.ws_port = heartbeat_s, ws_port
+        self.clock_offset, self.refuse_clock = clock_offset, refuse_clock
         self.lock = threading.Lock()
         self.received: list[tuple[float, str, dict]] = []  # (monotonic time, device, message), every message
         self.stored: dict[tuple[str, str], list[dict]] = {}  # (device, session) -> stored event entries
@@ -141,7 +149,14 @@ class FakeSite:
     async def _messages(self, ws, device: str) -> None:
         session = None
         async for raw in ws:
+            received = time.monotonic()
             msg = json.loads(raw)
+            if msg["type"] == "clock" and self.clock_offset is not None:
+                t1, t2 = received + self.clock_offset, time.monotonic() + self.clock_offset
+                await ws.send(json.dumps({"type": "clock", "t0": msg["t0"], "t1": t1, "t2": t2}))
+            elif msg["type"] == "clock" and self.refuse_clock:
+                reply = "unknown message type 'clock'; expected one of hello, heartbeat, accepted, events"
+                await ws.send(json.dumps({"type": "error", "message": reply}))
             with self.lock:
                 self.received.append((time.monotonic(), device, msg))
             if msg["type"] == "hello":

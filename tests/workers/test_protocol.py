@@ -335,3 +335,40 @@ def test_a_coordinated_start_needs_no_assign_and_a_killed_process_is_reported_as
     stopped = site.events("nano-1", "job-stopped", job)[-1]
     assert stopped == {"type": "job-stopped", "device": "nano-1", "reason": "died", "why": "died (SIGKILL)"}
     assert not site.events("nano-1", "device-error", job)  # neither the refusal nor the loss is its own error
+
+
+# -- the clock probes ---------------------------------------------------------------------------------
+
+
+def test_an_agent_estimates_its_clock_against_a_site_days_ahead(caplog):
+    days = 3 * 86400 + 12.3  # the site's host booted three days before this one
+    with FakeSite(DEVICES, clock_offset=days) as fake, caplog.at_level(logging.INFO, logger="workers"):
+        with running(make_agent(fake, "tx2-2")) as agent:
+            clock = agent.connection.clock
+            fake.wait(lambda: clock.ready, 10, "a ready clock estimate")
+            assert agent.runner.clock is clock and abs(clock.offset() - days) < 0.05 and clock.error_s < 0.05
+            probes = [t for t, _ in fake.messages("tx2-2", "clock")]
+            assert len(probes) >= 4 and probes[3] - probes[0] < 2.0  # the burst after welcome
+    (told,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("clock: offset to the site")]
+    assert told.startswith("clock: offset to the site +259212.3")
+
+
+def test_an_agent_tolerates_a_site_that_does_not_answer_clock_probes(site, agents):
+    site.wait(lambda: len(site.messages("nx-0", "clock")) >= 8, 10, "the burst of clock probes")
+    connection = agents["nx-0"].connection
+    assert not connection.clock.ready and len(connection._probes) <= 16 and agents["nx-0"].connected.is_set()
+    beats = len(site.messages("nx-0", "heartbeat"))
+    site.wait(lambda: len(site.messages("nx-0", "heartbeat")) > beats, 5, "heartbeats going on")
+
+
+def test_an_older_site_refusing_clock_probes_stops_them_quietly(caplog):
+    with FakeSite(DEVICES, refuse_clock=True) as fake, caplog.at_level(logging.INFO, logger="workers"):
+        with running(make_agent(fake, "tx2-2")) as agent:
+            fake.wait(lambda: fake.messages("tx2-2", "clock"), 5, "a clock probe")
+            time.sleep(0.5)
+            sent = len(fake.messages("tx2-2", "clock"))
+            time.sleep(0.5)
+            assert len(fake.messages("tx2-2", "clock")) == sent < 8 and not agent.connection.clock.ready
+    said = [r.getMessage() for r in caplog.records]
+    assert said.count("the site does not answer clock probes; device times stay in this host's clock") == 1
+    assert not [m for m in said if "rejected a message" in m]

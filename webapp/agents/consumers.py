@@ -1,10 +1,12 @@
 """The agent socket `/ws/agent/`: device-token auth, checked messages; presence goes to the device, `accepted` and
-`events` to its jobs (webapp.jobs.launching, webapp.jobs.ingest)."""
+`events` to its jobs (webapp.jobs.launching, webapp.jobs.ingest); `clock` probes are answered with this host's
+monotonic clock, the time base of every host (workers/clock.py)."""
 
 from __future__ import annotations
 
 import json
 import logging
+import time
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
@@ -119,6 +121,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 await _gone(self.device)
 
     async def receive(self, text_data=None, bytes_data=None):
+        received = time.monotonic()  # a `clock` probe's t1: before anything else, parsing included
         try:
             msg = parse(text_data, settings.ASTEROID_AGENT_MAX_MESSAGE)
             if msg["type"] != "hello" and not self.welcomed:
@@ -127,7 +130,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
             log.warning("device %s: rejected a message: %s", self.device.name, exc)
             await self.send_json({"type": "error", "message": str(exc)})
             return
-        if msg["type"] == "hello":
+        if msg["type"] == "clock":  # answered at once, no database: the agent times the round trip
+            await self.send_json({"type": "clock", "t0": msg["t0"], "t1": received, "t2": time.monotonic()})
+        elif msg["type"] == "hello":
             self.welcomed = True
             await self.send_json(await _hello(self.device, msg))
         elif msg["type"] == "heartbeat":

@@ -105,7 +105,13 @@ def _events(msg: dict) -> None:
     msg["events"], msg["rejected"], msg["last_seq"] = good, rejected, last
 
 
-CHECKS = {"hello": _hello, "heartbeat": _heartbeat, "accepted": _accepted, "events": _events}
+def _clock(msg: dict) -> None:
+    t0 = _field(msg, "t0", (int, float))  # the agent's monotonic clock, echoed: any finite number
+    if not math.isfinite(t0):
+        raise ProtocolError("clock: field 't0' must be a finite number")
+
+
+CHECKS = {"hello": _hello, "heartbeat": _heartbeat, "accepted": _accepted, "events": _events, "clock": _clock}
 
 
 def parse(text: str | None, limit: int) -> dict:
