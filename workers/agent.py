@@ -126,6 +126,7 @@ class Agent:
         to = urlsplit(self.site.socket_url)  # other boards reach this one at its address on the route to the site
         port = to.port or (443 if to.scheme == "wss" else 80)
         address = await asyncio.to_thread(local_address, to.hostname, port)  # may ask the DNS
+        self.runner.address = address  # the data plane binds there, not where the host name resolves (127.0.1.1)
         return {
             "type": "hello",
             "session": self.session,

@@ -26,6 +26,7 @@ from engine.errors import UserError
 from engine.events import DeviceError, JobStopped
 from workers.outbox import Outbox
 from workers.site import HttpError, Site
+from workers.storelink import Relay
 
 log = logging.getLogger("workers.device")
 
@@ -65,6 +66,7 @@ class Runner:
         self.site, self.credential, self.outbox = site, credential, outbox
         self._workload = workload  # model name -> engine Workload; None: the host's cached profile
         self.device = ""  # the site's name for this device (from `welcome`), for events of jobs it could not take
+        self.address = ""  # this board's address on its route to the site: its data plane binds there (agent's hello)
         self._lock = threading.Lock()
         self._clear()
 
@@ -76,6 +78,7 @@ class Runner:
         self._procs = None
         self._thread: threading.Thread | None = None
         self._stop_reason: str | None = None  # set when the agent ends the run (cancel, shutdown)
+        self._store_relay: Relay | None = None  # the run's authenticated path to its store (coordinated runs)
 
     @property
     def job(self):
@@ -143,6 +146,15 @@ class Runner:
             if self._thread is not None:
                 return  # already started (a repeated start after a reconnect)
             cfg = self._cfg if coordinated else replace(self._cfg, host=host, port=port)
+            cfg = replace(cfg, address=self.address)
+            if coordinated and isinstance(msg.get("store_secret"), str):
+                # the device process's store clients go through this agent's relay to the site's store gateway
+                relay = Relay(host, port, job, msg["store_secret"])
+                try:
+                    cfg = replace(cfg, host="127.0.0.1", port=relay.start())
+                except OSError as exc:
+                    raise UserError(f"cannot relay job {job}'s store on this board's loopback: {exc}") from None
+                self._store_relay = relay
             self._thread = threading.Thread(
                 target=self._supervise, args=(job, cfg), name=f"device-job-{job}", daemon=True
             )
@@ -214,8 +226,13 @@ class Runner:
             self._procs = procs
             if self._stop_reason is not None:  # cancelled while it was starting
                 procs.terminate()
-        where = f"{cfg.host}:{cfg.port}"
-        log.info("job %s: device process %d started (rank %d, store %s)", job, procs.pid(self._name), cfg.rank, where)
+        relay = self._store_relay
+        where = f"store {cfg.host}:{cfg.port}"
+        if relay is not None:
+            where = f"store via the gateway {relay.gateway[0]}:{relay.gateway[1]}"
+        place = f"generation {cfg.options.generation}" if cfg.coordinated else f"rank {cfg.rank}"
+        log.info("job %s: device process %d started as %s (%s, %s)", job, procs.pid(self._name), self._name, place,
+                 where)  # fmt: skip
         stopping_since = None
         while True:
             ev = procs.get(timeout=0.2)
@@ -283,6 +300,8 @@ class Runner:
             self.outbox.add(job, JobStopped(name, reason, why).to_message())
         log.info("job %s: finished (%s)", job, reason or ("done" if seen.done else f"exit status {code}"))
         with self._lock:
+            if self._store_relay is not None:
+                self._store_relay.stop()
             self._clear()
 
 

@@ -9,6 +9,8 @@ Everything goes through the rendezvous store the coordinator hosts (plain keys u
     asteroid/gen<N>/central/<i>  bytes of restore piece i, from the coordinator's central replica
     asteroid/central/<t>/<a>-<b> bytes of layers [a, b) as of iteration t, a device's part of the central replica
     asteroid/hb/<dev>            heartbeat counter, bumped by each device's heartbeat thread
+    asteroid/done/<dev>          set by a device that trained every iteration, before it hands its part over: from
+                                 then on its silence is an ending, never a loss
     asteroid/fault/<dev>         when an injected fault fired (the host's monotonic clock)
     asteroid/end                 the run is over ("completed" or "failed: why"): waiting devices exit
 Values are JSON or raw bytes (never pickles: a store is reachable by whoever reaches its port).

@@ -17,6 +17,7 @@ import json
 import math
 import os
 import queue
+import socket
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -62,6 +63,7 @@ Emit = Callable[[dict], None]
 DRIFT = 0.25  # measured iterations this much slower than predicted ...
 DRIFT_ITERATIONS = 3  # ... this many times in a row trigger a re-partition
 SLOW = 1.3  # a device whose compute runs this many times its planned time is slow
+HANDOVER_S = 120.0  # how long finished devices may take to hand their parts over before the run ends without them
 
 
 class RunFailed(UserError):
@@ -169,7 +171,9 @@ class Coordinator:
         self.central: dict[int, dict] = {}  # iteration -> {(a, b): states} of central pieces received
         self.central_done = 0  # newest iteration the central replica holds every layer of (0: the seed)
         self.beats: dict[str, tuple[int, float]] = {}
-        self.done: set[str] = set()
+        self.done: set[str] = set()  # devices whose device-done event arrived (with their part of the model)
+        self.finished: set[str] = set()  # devices that said in the store they trained every iteration
+        self.finished_at: float | None = None  # when every device of the generation had finished
         self.gone: set[str] = set()  # devices lost or left: never planned on again
         self.dilation = options.dilation
         self.pending_join = list(self.faults.join)
@@ -187,14 +191,23 @@ class Coordinator:
 
     def _start_store(self) -> None:
         timeout = timedelta(seconds=self.opts.timeout_s)
-        # a server store listens on every interface; the devices are told `store_host`
-        self.store = dist.TCPStore(self.store_host, 0, None, True, timeout=timeout, wait_for_workers=False)
+        # Loopback only (TCPStore authenticates no one): devices on other hosts come through the site's store
+        # gateway (workers/storelink.py); the devices are told `store_host`. A store on its own would listen on
+        # every interface, so it gets a listening socket of ours.
+        listener = socket.create_server(("127.0.0.1", 0), backlog=512)
+        self.store_address = listener.getsockname()
+        self.store = dist.TCPStore(
+            "127.0.0.1", self.store_address[1], None, True, timeout=timeout, wait_for_workers=False,
+            master_listen_fd=listener.detach(),  # the store owns (and closes) the socket from now on
+        )  # fmt: skip
 
     def _spawn(self, name: str, generation: int) -> None:
         from engine.runtime.worker import DeviceConfig, run_device
 
         self.beats.pop(name, None)  # a device the plan left out earlier may be started again
         self.done.discard(name)
+        self.finished.discard(name)
+        self.store.delete_key(key("done", name))
         cfg = DeviceConfig(
             self.plan, None, 0, self.store_host, self.store.port, replace(self.opts, generation=generation),
             predicted_iteration_s=score(self.plan, self.w).iteration_s, coordinated=True, name=name,
@@ -316,6 +329,9 @@ class Coordinator:
                 self._event(ev)
             members = self.generation.plan.device_names
             if self.committed >= self.opts.iterations and all(n in self.done for n in members):
+                self.store.set(key("end"), "completed")
+                return
+            if self._handed_over_late(members, t):
                 self.store.set(key("end"), "completed")
                 return
             if t - last_poll > 0.2:
@@ -447,13 +463,24 @@ class Coordinator:
             count = self.store.add(key("hb", name), 0)
             if name not in self.beats or self.beats[name][0] != count:
                 self.beats[name] = (count, t)
+            if name not in self.finished and self.store.check([key("done", name)]):
+                self.finished.add(name)
+
+    def _handed_over_late(self, members: list[str], t: float) -> bool:
+        """Every device trained every iteration, but some part of the model never arrived (its agent died while
+        uploading): after HANDOVER_S the run is complete all the same (the site says which part is missing)."""
+        if self.committed < self.opts.iterations or not all(n in self.finished for n in members):
+            self.finished_at = None
+            return False
+        self.finished_at = self.finished_at or t
+        return t - self.finished_at > HANDOVER_S
 
     def _dead(self, t: float) -> dict[str, str]:
         """Devices of the current generation that died or went silent: name -> why."""
         dead = {}
         for name in self.generation.ranks:
             code = self.procs.exitcode(name)
-            if name in self.done or code == 0:  # finished (its last events may still be in the queue) or left
+            if name in self.done or name in self.finished or code == 0:  # finished (its part may be on its way) or left
                 continue
             if code is not None:
                 dead[name] = self.procs.why(name)

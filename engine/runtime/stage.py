@@ -7,8 +7,10 @@ Shared by the Asteroid runtime (engine/runtime/worker.py) and the rivals it is m
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from engine.runtime.emulation import Clock, auto_dilation, measure_ratio, now
@@ -90,6 +92,18 @@ def calibrated_clock(
     module.zero_grad(set_to_none=True)
     module.load_state_dict(state)  # batch-norm statistics as they were
     return Clock(dilation if dilation is not None else auto_dilation(ratio, world))
+
+
+def gloo_group(store, rank: int, size: int, timeout: timedelta, address: str = ""):
+    """A gloo process group whose connections bind to `address` (and advertise it to the peers). Without one, gloo
+    takes the address the host name resolves to, which on a stock Ubuntu/JetPack board is 127.0.1.1: the peers
+    on other boards would then be told a loopback address and never connect."""
+    if not address:
+        return dist.ProcessGroupGloo(store, rank, size, timeout)
+    opts = dist.ProcessGroupGloo._Options()
+    opts._timeout = timeout
+    opts._devices = [dist.ProcessGroupGloo.create_device(hostname=address)]
+    return dist.ProcessGroupGloo(store, rank, size, opts)
 
 
 def gloo_message(exc: Exception) -> str:

@@ -53,7 +53,14 @@ from engine.runtime.faults import Fail
 from engine.runtime.options import RunOptions
 from engine.runtime.processes import error_event
 from engine.runtime.recovery import CENTRAL, SEED, Copy, Piece, neighbour
-from engine.runtime.stage import PeerLost, boundary_examples, calibrated_clock, gloo_message, part_state_dict
+from engine.runtime.stage import (
+    PeerLost,
+    boundary_examples,
+    calibrated_clock,
+    gloo_group,
+    gloo_message,
+    part_state_dict,
+)
 from engine.schedule import one_f_one_b
 from engine.steps import DeviceSteps
 
@@ -132,6 +139,7 @@ class DeviceConfig:
     coordinated: bool = False  # a coordinator drives generations through the store (the launcher)
     name: str = ""  # coordinated: this device's name (a device that joins later is in no plan yet)
     fails: tuple[Fail, ...] = ()  # injected failures of this device
+    address: str = ""  # the address this board's data plane binds to and advertises (its route to the site)
 
     @property
     def world_size(self) -> int:
@@ -359,7 +367,8 @@ class _Device:
 
         def group(prefix: str, rank: int, size: int):
             store = dist.PrefixStore(gen_key(gen.number, prefix), self.store)
-            return self._in_thread(lambda: dist.ProcessGroupGloo(store, rank, size, timeout), "forming the groups")
+            address = self.cfg.address
+            return self._in_thread(lambda: gloo_group(store, rank, size, timeout, address), "forming the groups")
 
         self.world = group("world", self.ranks[self.name], len(ranks))
         self.abandoned.append(self.world)
@@ -869,6 +878,8 @@ class _Device:
         self._event("send", -1, start, end, peer="replica")
 
     def _finish(self) -> None:
+        if self.cfg.coordinated:  # said first: handing the part over (an upload on a slow link) is not a silence
+            self.store.set(key("done", self.name), str(self.gen.number))
         part = b""
         if self.opts.save_model and self.st.lo == 0:  # the first device of each stage saves the stage's layers
             buf = io.BytesIO()

@@ -28,6 +28,7 @@ def carol(db):
 def _jobs_dir(settings, tmp_path):
     """Each test keeps uploaded model parts in its own folder."""
     settings.ASTEROID_JOBS_DIR = tmp_path / "jobs"
+    settings.ASTEROID_STORE_PORT = 0  # the store gateway (started at first use) on any free port
 
 
 @pytest.fixture

@@ -3,7 +3,8 @@
     python manage.py coordinators        # what `make run` starts: serves until SIGINT/SIGTERM
 
 The coordinators process watches the database. A job whose devices all accepted gets a coordinator (a thread
-of this process): it hosts the job's store on ASTEROID_STORE_HOST (agents' device processes connect to it),
+of this process): it hosts the job's store on loopback (agents' device processes reach it through this process's
+store gateway on ASTEROID_STORE_PORT, with the job's secret their `start` carries: workers/storelink.py),
 tells each agent to start its device process (`start` with `coordinated`), and from then on owns the run:
 iterations are committed from the events the agents send (stored by the site, read back here), a device whose
 process dies or goes silent is recovered from (re-plan, restore, replay), and administrators' actions
@@ -38,6 +39,7 @@ from webapp.jobs.artifacts import job_dir
 from webapp.jobs.ending import fail, finish, release
 from webapp.jobs.models import Job, JobAction, JobDevice, JobEvent
 from webapp.jobs.notify import browser_event, job_log, notify
+from workers.storelink import Gateway
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +54,21 @@ GONE = (JobDevice.State.LEFT, JobDevice.State.LOST, JobDevice.State.STOPPED)  # 
 SITE_STOPPING = "the site is stopping"  # a coordinator stopped for this leaves its job running: it resumes
 LATE_S = 30.0
 RESEND_S = 2.0  # how often `start` is sent again to an agent whose device process has not started
+
+
+_gateway: Gateway | None = None
+_gateway_lock = threading.Lock()
+
+
+def store_gateway() -> Gateway:
+    """This process's store gateway on ASTEROID_HOST:ASTEROID_STORE_PORT (started at first use; 0: any free port)."""
+    global _gateway
+    with _gateway_lock:
+        if _gateway is None:
+            gateway = Gateway(settings.ASTEROID_HOST, settings.ASTEROID_STORE_PORT)
+            gateway.start()
+            _gateway = gateway
+        return _gateway
 
 
 def run_dir(job: Job | int) -> Path:
@@ -88,9 +105,12 @@ class RemoteFleet:
         self.codes.pop(name, None)
         JobDevice.objects.filter(pk=row.pk).update(state=JobDevice.State.STARTING)
         notify(self.job_id, {"type": "device", "device": name, "state": JobDevice.State.STARTING})
+        gateway = store_gateway()  # the job's store listens on loopback (cfg.port): boards come through the gateway
         msg = {
-            "type": "start", "job": self.job_id, "coordinated": True, "name": name, "host": cfg.host,
-            "port": cfg.port, "generation": cfg.options.generation, "plan": cfg.plan.to_dict(),
+            "type": "start", "job": self.job_id, "coordinated": True, "name": name,
+            "host": settings.ASTEROID_STORE_HOST, "port": gateway.port,
+            "store_secret": gateway.open(self.job_id, cfg.port),
+            "generation": cfg.options.generation, "plan": cfg.plan.to_dict(),
             "options": cfg.options.to_dict(), "predicted_iteration_s": cfg.predicted_iteration_s,
         }  # fmt: skip
         self.starting[name] = [row.device_id, msg, time.monotonic(), time.monotonic()]
@@ -184,7 +204,8 @@ class RemoteFleet:
         return self
 
     def __exit__(self, *exc) -> None:
-        pass
+        if _gateway is not None:
+            _gateway.close(self.job_id)  # the run is over: its secret admits no one any more
 
 
 def apply_event(job_id: int, ev: dict) -> None:
@@ -275,7 +296,6 @@ def coordinator_for(job: Job):
         run_dir=directory,
         resume=resume,
         fleet=RemoteFleet(job.pk),
-        store_host=settings.ASTEROID_STORE_HOST,
         detect_s=settings.ASTEROID_DETECT_S,
     )
 
@@ -403,8 +423,14 @@ def serve() -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    try:
+        gateway = store_gateway()
+    except OSError as exc:
+        log.error("coordinators: cannot serve the store gateway on %s:%s: %s (set ASTEROID_STORE_PORT)",
+                  settings.ASTEROID_HOST, settings.ASTEROID_STORE_PORT, exc.strerror or exc)  # fmt: skip
+        return 1
     coordinators = Coordinators()
-    log.info("coordinators: serving (stores on %s)", settings.ASTEROID_STORE_HOST)
+    log.info("coordinators: serving (jobs' store gateway on %s:%s)", settings.ASTEROID_HOST, gateway.port)
     try:
         while True:
             try:

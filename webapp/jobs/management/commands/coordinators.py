@@ -1,6 +1,6 @@
 """`python manage.py coordinators`: host every running job's coordinator (what `make run` starts)."""
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from webapp.jobs.coordinating import serve
 
@@ -9,4 +9,5 @@ class Command(BaseCommand):
     help = "Run the coordinators of running jobs (stores, recovery, administrators' actions) until stopped."
 
     def handle(self, *args, **options):
-        serve()
+        if serve() != 0:
+            raise CommandError("the coordinators could not start; the reason is logged above")
