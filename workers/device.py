@@ -67,6 +67,7 @@ class Runner:
         self._workload = workload  # model name -> engine Workload; None: the host's cached profile
         self.device = ""  # the site's name for this device (from `welcome`), for events of jobs it could not take
         self.address = ""  # this board's address on its route to the site: its data plane binds there (agent's hello)
+        self.clock = None  # this board's clock against the site's (workers.clock.ClockSync; the connection sets it)
         self._lock = threading.Lock()
         self._clear()
 
@@ -135,6 +136,11 @@ class Runner:
         if not isinstance(host, str) or not host or type(port) is not int or not 0 < port < 65536:
             raise UserError(f"start of job {job} needs a host and a port, got {host!r}:{port!r}")
         coordinated = msg.get("coordinated") is True
+        if coordinated and "store_secret" in msg and self.clock is not None and not self.clock.ready:
+            # a site that hosts the store answers clock probes: the estimate is a few probes away, and the
+            # coordinator sends `start` again every 2 s until the device starts
+            log.info("job %s: waiting for this board's clock estimate before starting", job)
+            return
         spawned = _coordinated_config(msg, host, port) if coordinated else None
         with self._lock:
             if coordinated and self._job not in (None, job):
@@ -146,7 +152,8 @@ class Runner:
             if self._thread is not None:
                 return  # already started (a repeated start after a reconnect)
             cfg = self._cfg if coordinated else replace(self._cfg, host=host, port=port)
-            cfg = replace(cfg, address=self.address)
+            clock = self.clock  # the run's times are the site's: step times, link arrivals, fault times
+            cfg = replace(cfg, address=self.address, time_base=clock.to_dict() if clock and clock.ready else None)
             if coordinated and isinstance(msg.get("store_secret"), str):
                 # the device process's store clients go through this agent's relay to the site's store gateway
                 relay = Relay(host, port, job, msg["store_secret"])

@@ -23,9 +23,23 @@ from engine.errors import UserError
 SAFETY = 2.0
 
 
+_base = {"offset_s": 0.0, "drift_ppm": 0.0, "ref_s": 0.0}  # this host's monotonic clock -> the run's time base
+
+
+def use_time_base(estimate: dict | None) -> None:
+    """Express `now()` in the run's time base: the site's monotonic clock, by this board's estimate of its offset
+    and drift (an agent's `workers.clock.ClockSync.to_dict()`); None: this host's own clock (one-host runs)."""
+    _base.update(offset_s=0.0, drift_ppm=0.0, ref_s=0.0)
+    if estimate:
+        _base.update({k: float(estimate[k]) for k in _base})
+
+
 def now() -> float:
-    """Wall clock shared by every process of the host (CLOCK_MONOTONIC)."""
-    return time.monotonic()
+    """The run's clock, shared by every process of the run: CLOCK_MONOTONIC, which every process of a host shares,
+    shifted into the site's time base on a board that is a host of its own (`use_time_base`). Every time that
+    crosses a host (the start-up sync, step times, emulated link arrivals, fault times) is read from it."""
+    t = time.monotonic()
+    return t + _base["offset_s"] + _base["drift_ppm"] * 1e-6 * (t - _base["ref_s"])
 
 
 class Clock:

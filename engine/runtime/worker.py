@@ -48,7 +48,7 @@ from engine.plan import ALLREDUCE, OFF, Plan, gradient_bits
 from engine.runtime import layerstate
 from engine.runtime.batches import batch_indices, eval_batches, load
 from engine.runtime.control import Generation, Heartbeat, gen_key, get_bytes, key, put_bytes
-from engine.runtime.emulation import Clock, MemoryMeter, group_timeout, now
+from engine.runtime.emulation import Clock, MemoryMeter, group_timeout, now, use_time_base
 from engine.runtime.faults import Fail
 from engine.runtime.options import RunOptions
 from engine.runtime.processes import error_event
@@ -140,6 +140,7 @@ class DeviceConfig:
     name: str = ""  # coordinated: this device's name (a device that joins later is in no plan yet)
     fails: tuple[Fail, ...] = ()  # injected failures of this device
     address: str = ""  # the address this board's data plane binds to and advertises (its route to the site)
+    time_base: dict | None = None  # this board's clock against the site's (offset_s, drift_ppm, ref_s); None: same host
 
     @property
     def world_size(self) -> int:
@@ -908,6 +909,7 @@ class _Device:
 def run_device(cfg: DeviceConfig, emit: Emit) -> int:
     """Run one device to the end; report a failure as a `device-error` event. Returns an exit status."""
     torch.set_num_threads(1)  # several devices share the host's cores; more threads only contend
+    use_time_base(cfg.time_base)
     device = None
     try:
         device = _Device(cfg, emit)

@@ -100,3 +100,18 @@ def test_a_shaped_link_really_limits_bandwidth():
     # Sends overlap compute, but the first micro-batch's activations and the last one's gradients are on the
     # critical path: two transfers, less the two at 1000 Mbps (a tenth as long).
     assert runs[100.0].measured_iteration_s - runs[1000.0].measured_iteration_s > 1.5 * transfer
+
+
+def test_now_is_in_the_runs_time_base():
+    # a board whose clock is three days behind the site's, and runs 50 ppm fast: its times are the site's
+    import time
+
+    from engine.runtime.emulation import now, use_time_base
+
+    local = time.monotonic()
+    try:
+        use_time_base({"offset_s": 3 * 86400.0, "drift_ppm": 50.0, "ref_s": local - 1000.0, "error_s": 0.001})
+        assert abs(now() - (local + 3 * 86400.0 + 50e-6 * 1000.0)) < 0.5
+    finally:
+        use_time_base(None)
+    assert abs(now() - time.monotonic()) < 0.5
