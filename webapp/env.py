@@ -52,6 +52,20 @@ def env_int(name: str, default: int, minimum: int = 0) -> int:
     return number
 
 
+def env_seconds(name: str, default: float, minimum: float) -> float:
+    """A number of seconds (a decimal point allowed) of at least `minimum`."""
+    value = env_str(name)
+    if not value:
+        return default
+    try:
+        number = float(value)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={value!r} is not a number of seconds") from None
+    if not number >= minimum or number == float("inf"):
+        raise ImproperlyConfigured(f"{name}={value} must be a number of seconds, at least {minimum}")
+    return number
+
+
 def env_port(name: str, default: int) -> int:
     """A TCP port, 1-65535."""
     value = env_str(name, str(default))

@@ -6,6 +6,7 @@ from urllib.parse import urlsplit
 
 import plotly
 
+from engine.runtime.detection import detection_window
 from webapp.env import (
     WILDCARDS,
     database_config,
@@ -14,6 +15,7 @@ from webapp.env import (
     env_int,
     env_list,
     env_port,
+    env_seconds,
     env_str,
     redis_url,
     secret_key,
@@ -167,7 +169,9 @@ ASTEROID_ACCEPT_TIMEOUT_S = env_int("ASTEROID_ACCEPT_TIMEOUT_S", 60, minimum=1) 
 ASTEROID_STORE_PORT = env_port("ASTEROID_STORE_PORT", ASTEROID_PORT + 1 if ASTEROID_PORT < 65535 else 8001)
 # The address agents reach the gateway at: the site URL's host unless told otherwise (a proxy in between).
 ASTEROID_STORE_HOST = env_str("ASTEROID_STORE_HOST", urlsplit(ASTEROID_SITE_URL).hostname or "127.0.0.1")
-ASTEROID_DETECT_S = env_int("ASTEROID_DETECT_S", 2, minimum=1)  # a device process silent this long is lost
+# A device process whose heartbeats stop this long is lost: by default what a LAN can deliver (a heartbeat stuck
+# behind a full link queue, a 2 s link outage ridden out by TCP's retransmissions; engine.runtime.control).
+ASTEROID_DETECT_S = env_seconds("ASTEROID_DETECT_S", round(detection_window(), 1), minimum=0.5)
 ASTEROID_RUN_TIMEOUT_S = env_int("ASTEROID_RUN_TIMEOUT_S", 60, minimum=1)  # the runtime's rendezvous timeout
 ASTEROID_AGENT_MAX_MESSAGE = 256 * 1024  # bytes of one agent message; larger ones are rejected
 # Events one agent may send per second on average (twice that in a burst); more wait, none are lost.

@@ -26,11 +26,11 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from engine.plan import Plan
+from engine.runtime.detection import HEARTBEAT_S
 from engine.runtime.recovery import Piece
 from engine.steps import DeviceSteps, Transfer
 
 ROOT = "asteroid"
-HEARTBEAT_S = 0.2  # how often a device's heartbeat thread bumps its counter and reads the coordinator's flags
 
 
 def key(*parts: object) -> str:

@@ -48,6 +48,7 @@ from engine.planners import COMPARED, NoFeasiblePlan, Problem
 from engine.planners.levels import plan_compressed
 from engine.runtime import layerstate
 from engine.runtime.control import Generation, gen_key, get_bytes, has_bytes, key, put_bytes
+from engine.runtime.detection import POLL_S
 from engine.runtime.emulation import group_timeout
 from engine.runtime.faults import Faults, Join, Leave
 from engine.runtime.options import RunOptions
@@ -334,7 +335,7 @@ class Coordinator:
             if self._handed_over_late(members, t):
                 self.store.set(key("end"), "completed")
                 return
-            if t - last_poll > 0.2:
+            if t - last_poll > POLL_S:
                 last_poll = t
                 self._poll_central()
                 self._beat(t)
@@ -406,7 +407,9 @@ class Coordinator:
             self.recovery = None
             self.emit(rec)
             return
-        if self.faults.slow and ev.get("generation") == gen.number and ev["iteration"] > gen.start:
+        # Measured speeds, on every run: a board throttled, overheating or busy with something else is noticed
+        # from its step times (an injected --slow is one way to make one), and the job re-partitions on them.
+        if ev.get("generation") == gen.number and ev["iteration"] > gen.start:
             predicted = gen.predicted_iteration_s
             if gen.replicate_every and ev["iteration"] % gen.replicate_every == 0:
                 predicted += gen.replication_s  # the copies made after the previous iteration end in this one

@@ -43,8 +43,8 @@ from workers.storelink import Gateway
 
 log = logging.getLogger(__name__)
 
-# What the coordinator needs of the devices' events (steps are many, and only the dashboard wants them).
-DEVICE_EVENTS = ("device-start", "iteration", "device-done", "device-error", "job-stopped", "restore")
+# What the coordinator needs of the devices' events (steps: each device's measured compute, for drift).
+DEVICE_EVENTS = ("device-start", "step", "iteration", "device-done", "device-error", "job-stopped", "restore")
 # What the coordinator itself reports.
 COORDINATOR_EVENTS = ("device-lost", "replan", "replay", "recovered", "device-left", "device-joined", "repartition")
 POLL_S = 0.05  # how often a coordinator reads new device events
@@ -244,7 +244,10 @@ def apply_event(job_id: int, ev: dict) -> None:
     elif kind == "device-joined":
         job_log(job, f"device {ev['device']} joined after iteration {ev['iteration']}")
     elif kind == "repartition":
-        job_log(job, f"re-partitioned after iteration {ev['iteration']}: measured speeds drifted from the plan")
+        slow = ", ".join(f"{name} computes {factor:.1f}x its planned time" for name, factor in ev["speeds"].items())
+        job_log(job, f"re-partitioned after iteration {ev['iteration']}: {slow}; iterations took "
+                     f"{ev['measured_iteration_s']:.2f} s against {ev['predicted_iteration_s']:.2f} s predicted, so "
+                     "the plan now gives the slow devices less work", "warning")  # fmt: skip
     notify(job.pk, browser_event(ev))
 
 
