@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 
+import psutil
 import pytest
 
 from tests.e2e.lan import start_lab, stop_lab
@@ -22,6 +23,7 @@ pytestmark = [
 
 # Three boards of three kinds: clock offsets of 0, 1 and 2 days (and some), 20 Mbit links.
 DEVICES = [("nx-0", "jetson-xavier-nx", "b0"), ("tx2-0", "jetson-tx2", "b1"), ("nano-0", "jetson-nano", "b2")]
+PORTS = "40000 40999"  # the boards' ephemeral port range: where gloo listens
 JOB = {"model": "mobilenetv2", "dataset": "synthetic", "batch_size": 32, "iterations": 8}
 
 
@@ -30,6 +32,9 @@ def lab(tmp_path_factory, profile_cache):
     # one board more than devices: b3 is a stranger's machine on the same LAN
     tb = Testbed(name="aslan", boards=len(DEVICES) + 1, subnet="198.18.43.0/24", rate="20mbit")
     tb.up()
+    for board in tb.boards:  # as docs/deployment.md has a lab narrow the boards' data-plane ports for a firewall
+        subprocess.run(["ip", "netns", "exec", board.netns, "sysctl", "-qw", f"net.ipv4.ip_local_port_range={PORTS}"],
+                       check=True)  # fmt: skip
     try:
         lab = start_lab(tb, tmp_path_factory.mktemp("lab"), profile_cache, DEVICES)
         try:
@@ -194,10 +199,20 @@ def test_a_stranger_on_the_lan_cannot_reach_a_jobs_store(lab):
     def intrude(job_id):
         env = lab.system.env
         # the only ports open to the LAN are the site's and the store gateway's: fixed, and a firewall can name them
-        listening = subprocess.run(["ss", "-Hltn"], capture_output=True, text=True, check=True).stdout.split("\n")
-        exposed = {line.split()[3] for line in listening if line.split() and not line.split()[3].startswith(
-            ("127.", "[::1]", "[::ffff:127."))}  # fmt: skip
-        seen["exposed"] = {a for a in exposed if a.rsplit(":", 1)[0] in (lab.tb.site_address, "0.0.0.0", "*", "[::]")}
+        site = psutil.Process(lab.system.proc.pid)
+        listening = {
+            f"{c.laddr.ip}:{c.laddr.port}"
+            for proc in [site, *site.children(recursive=True)]
+            for c in proc.net_connections(kind="tcp")
+            if c.status == psutil.CONN_LISTEN
+        }
+        seen["exposed"] = {a for a in listening if not a.startswith(("127.", "::1:", "::ffff:127."))}
+        # a board listens for the data plane only within its narrowed ephemeral range (what a firewall names)
+        _, board = board_in_plan(lab, job_id)
+        ns = lab.tb.board(board).netns
+        on_board = subprocess.run(["ip", "netns", "exec", ns, "ss", "-Hltn"], capture_output=True, text=True).stdout
+        seen["board"] = [line.split()[3] for line in on_board.splitlines() if line.split()
+                         and line.split()[3].startswith(lab.tb.board(board).address + ":")]  # fmt: skip
         port = env["ASTEROID_STORE_PORT"]
         stranger = [sys.executable, "-c", STRANGER, lab.tb.site_address, port, "asteroid/gen0/config"]
         out = lab.tb.board("b3").run(stranger, capture_output=True, text=True, timeout=60)
@@ -207,4 +222,6 @@ def test_a_stranger_on_the_lan_cannot_reach_a_jobs_store(lab):
     assert final["status"] == "completed", final["message"] + "\n" + "\n".join(lines)
     site, gateway = f"{lab.tb.site_address}:{lab.system.env['ASTEROID_PORT']}", lab.system.env["ASTEROID_STORE_PORT"]
     assert seen["exposed"] == {site, f"{lab.tb.site_address}:{gateway}"}, seen["exposed"]
+    low, high = map(int, PORTS.split())
+    assert seen["board"] and all(low <= int(a.rsplit(":", 1)[1]) <= high for a in seen["board"]), seen["board"]
     assert "refused:" in seen["stranger"] and "read:" not in seen["stranger"], seen["stranger"]

@@ -43,8 +43,10 @@ from workers.storelink import Gateway
 
 log = logging.getLogger(__name__)
 
-# What the coordinator needs of the devices' events (steps: each device's measured compute, for drift).
-DEVICE_EVENTS = ("device-start", "step", "iteration", "device-done", "device-error", "job-stopped", "restore")
+# What the coordinator needs of the devices' events (steps are many, and only the dashboard wants them) ...
+DEVICE_EVENTS = ("device-start", "iteration", "device-done", "device-error", "job-stopped", "restore")
+# ... and the steps' measured compute, for drift: read as they come, not read again (a late one is one step less)
+MEASUREMENTS = ("step",)
 # What the coordinator itself reports.
 COORDINATOR_EVENTS = ("device-lost", "replan", "replay", "recovered", "device-left", "device-joined", "repartition")
 POLL_S = 0.05  # how often a coordinator reads new device events
@@ -139,12 +141,11 @@ class RemoteFleet:
 
     def _poll(self) -> None:
         # Two agents' batches may commit out of id order (PostgreSQL): the last LATE_S seconds are read again.
-        late = Q(pk__gt=self.last) | Q(pk__gt=self.first, created_at__gte=timezone.now() - timedelta(seconds=LATE_S))
-        rows = list(
-            JobEvent.objects.filter(late, job_id=self.job_id, type__in=DEVICE_EVENTS)
-            .order_by("pk")
-            .values_list("pk", "data")
+        recent = timezone.now() - timedelta(seconds=LATE_S)
+        late = Q(pk__gt=self.last, type__in=DEVICE_EVENTS + MEASUREMENTS) | Q(
+            pk__gt=self.first, created_at__gte=recent, type__in=DEVICE_EVENTS
         )
+        rows = list(JobEvent.objects.filter(late, job_id=self.job_id).order_by("pk").values_list("pk", "data"))
         for pk, data in rows:
             if pk in self.seen:
                 continue
