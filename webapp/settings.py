@@ -170,7 +170,7 @@ ASTEROID_STORE_PORT = env_port("ASTEROID_STORE_PORT", ASTEROID_PORT + 1 if ASTER
 # The address agents reach the gateway at: the site URL's host unless told otherwise (a proxy in between).
 ASTEROID_STORE_HOST = env_str("ASTEROID_STORE_HOST", urlsplit(ASTEROID_SITE_URL).hostname or "127.0.0.1")
 # A device process whose heartbeats stop this long is lost: by default what a LAN can deliver (a heartbeat stuck
-# behind a full link queue, a 2 s link outage ridden out by TCP's retransmissions; engine.runtime.control).
+# behind a full link queue, a 2 s link outage ridden out by TCP's retransmissions; engine.runtime.detection).
 ASTEROID_DETECT_S = env_seconds("ASTEROID_DETECT_S", round(detection_window(), 1), minimum=0.5)
 ASTEROID_RUN_TIMEOUT_S = env_int("ASTEROID_RUN_TIMEOUT_S", 60, minimum=1)  # the runtime's rendezvous timeout
 ASTEROID_AGENT_MAX_MESSAGE = 256 * 1024  # bytes of one agent message; larger ones are rejected

@@ -103,6 +103,17 @@ def test_env_int_and_list(monkeypatch):
     assert env.env_list("X_HOSTS", ["x"]) == ["a.example", "b.example"]
 
 
+def test_env_seconds(monkeypatch):
+    assert env.env_seconds("X_S", 3.8, minimum=0.5) == 3.8
+    monkeypatch.setenv("X_S", "1.5")
+    assert env.env_seconds("X_S", 3.8, minimum=0.5) == 1.5
+    for bad, words in (("soon", "is not a number of seconds"), ("0.1", "at least 0.5"), ("nan", "at least 0.5"),
+                       ("inf", "at least 0.5")):  # fmt: skip
+        monkeypatch.setenv("X_S", bad)
+        with pytest.raises(ImproperlyConfigured, match=words):
+            env.env_seconds("X_S", 3.8, minimum=0.5)
+
+
 def test_redis_url(monkeypatch):
     monkeypatch.delenv("REDIS_URL", raising=False)
     assert env.redis_url() == ""
