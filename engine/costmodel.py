@@ -203,16 +203,18 @@ class StageTerms:
     cap: int  # most samples per micro-batch that fit in the device's memory (0: not even one)
 
 
-def link_s(cluster: Cluster, nbytes: float) -> float:
-    """One message of `nbytes` over a link: latency + bytes / bandwidth."""
-    return cluster.latency_s + nbytes / cluster.bytes_per_s
+def link_s(cluster: Cluster, nbytes: float, *ends: str) -> float:
+    """One message of `nbytes` between the devices `ends` (none: any two of the cluster's default links): latency
+    + bytes / the slower end's bandwidth."""
+    return cluster.latency_s + nbytes / cluster.bytes_per_s_of(*ends)
 
 
-def ring_allreduce_s(cluster: Cluster, nbytes: float, group: int) -> float:
-    """Ring all-reduce of `nbytes` across `group` devices: 2 (g - 1) / g * bytes / bandwidth + 2 (g - 1) latency."""
+def ring_allreduce_s(cluster: Cluster, nbytes: float, group: int, names: tuple[str, ...] = ()) -> float:
+    """Ring all-reduce of `nbytes` across `group` devices: 2 (g - 1) / g * bytes / bandwidth + 2 (g - 1) latency,
+    the bandwidth of the ring's slowest link (of `names`, the group's devices, when given)."""
     if group < 2:
         return 0.0
-    return 2 * (group - 1) / group * nbytes / cluster.bytes_per_s + 2 * (group - 1) * cluster.latency_s
+    return 2 * (group - 1) / group * nbytes / cluster.bytes_per_s_of(*names) + 2 * (group - 1) * cluster.latency_s
 
 
 def stage_fixed_s(cluster: Cluster, layers: int, boundaries: int) -> float:
@@ -228,10 +230,11 @@ def boundary_s(w: Workload, cluster: Cluster, dev: Device, i: int, j: int, level
     them (both directions) when compressed."""
     a_in, a_out = w.boundary_bytes(i, j)
     b_in, b_out = levels
+    rate = cluster.link_mbps_of(dev) * 1e6 / 8  # over its own link
     if b_in >= OFF and b_out >= OFF:
-        return (a_in + a_out) / cluster.bytes_per_s
+        return (a_in + a_out) / rate
     wire = (a_in * gradient_bits(b_in) + a_out * b_out) / OFF  # it sends activations on and gradients back
-    return wire / cluster.bytes_per_s + w.codec_s(dev, a_in / 4, b_in) + w.codec_s(dev, a_out / 4, b_out)
+    return wire / rate + w.codec_s(dev, a_in / 4, b_in) + w.codec_s(dev, a_out / 4, b_out)
 
 
 def stage_terms(
@@ -251,10 +254,12 @@ def device_memory(w: Workload, i: int, j: int, in_flight: int, samples: int) -> 
     return w.static_bytes(i, j) + samples * (in_flight * w.saved(i, j) + w.peak(i, j))
 
 
-def allreduce_s(w: Workload, cluster: Cluster, i: int, j: int, group: int, allreduce: str = "off") -> float:
-    """Ring all-reduce of the stage's gradients across `group` devices, in the `allreduce` wire format
-    (engine.plan.ALLREDUCE: float32, or 16-bit floats at half the bytes)."""
-    return ring_allreduce_s(cluster, w.params(i, j) * ALLREDUCE[allreduce] / 4, group)
+def allreduce_s(
+    w: Workload, cluster: Cluster, i: int, j: int, group: int, allreduce: str = "off", names: tuple[str, ...] = ()
+) -> float:
+    """Ring all-reduce of the stage's gradients across `group` devices (`names`, when known: the ring runs at its
+    slowest link), in the `allreduce` wire format (engine.plan.ALLREDUCE: float32, or 16-bit floats at half)."""
+    return ring_allreduce_s(cluster, w.params(i, j) * ALLREDUCE[allreduce] / 4, group, names)
 
 
 def allocate(terms: list[StageTerms], counts: list[int], m: int) -> tuple[float, list[list[int]]] | None:
@@ -333,7 +338,10 @@ def replication_s(plan: Plan, w: Workload) -> float:
     """Device seconds one replication point adds to its iteration: the slowest stage's two copies (to the
     neighbour and to the coordinator; one-stage plans only the latter) or the largest replica received."""
     copies = 2 if len(plan.stages) > 1 else 1
-    return max(copies * link_s(plan.cluster, replica_bytes(w, st.start, st.end)) for st in plan.stages)
+    # each stage's first device sends the copies, over its own link
+    return max(
+        copies * link_s(plan.cluster, replica_bytes(w, st.start, st.end), st.devices[0].name) for st in plan.stages
+    )
 
 
 def replication_memory(plan: Plan, w: Workload) -> dict[str, int]:
@@ -363,7 +371,8 @@ def score(plan: Plan, w: Workload, replicate_every: int = 0) -> Prediction:
         levels = (plan.level(p - 1) if p else OFF, plan.level(p))
         terms = [stage_terms(w, cluster, cluster.device(s.name), st.start, st.end, held, levels) for s in st.devices]
         times.append(stage_time(terms, [s.samples for s in st.devices]))
-        reduces.append(allreduce_s(w, cluster, st.start, st.end, len(st.devices), plan.allreduce))
+        names = tuple(d.name for d in st.devices)
+        reduces.append(allreduce_s(w, cluster, st.start, st.end, len(st.devices), plan.allreduce, names))
         for t, s in zip(terms, st.devices):
             memory[s.name] = device_memory(w, st.start, st.end, held, s.samples)
             fits &= memory[s.name] <= cluster.device(s.name).memory_bytes

@@ -62,6 +62,9 @@ class Device:
     # A device of no known kind may carry its probe (engine.predictor: a few layers timed on it, as canonical
     # JSON); planning then uses the latency predictor's per-layer times for it instead of gflops.
     probe: str = ""
+    # The board's own link to the LAN (its Ethernet port or Wi-Fi), Mbps; None: the cluster's bandwidth. A board on
+    # slow Wi-Fi beside wired ones moves its activations, gradients and replicas at its own rate.
+    link_mbps: float | None = None
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -70,6 +73,8 @@ class Device:
             raise UserError(f"device {self.name!r}: memory_gb {self.memory_gb} must exceed reserved {self.reserved_gb}")
         if self.gflops <= 0:
             raise UserError(f"device {self.name!r}: gflops must be positive, got {self.gflops}")
+        if self.link_mbps is not None and not 0 < self.link_mbps < float("inf"):
+            raise UserError(f"device {self.name!r}: bandwidth_mbps must be a positive number, got {self.link_mbps}")
 
     @property
     def memory_bytes(self) -> int:
@@ -84,7 +89,7 @@ class Device:
     @property
     def spec(self) -> tuple:
         """What makes two devices interchangeable for planning."""
-        return (self.kind, self.memory_gb, self.gflops, self.reserved_gb, self.probe)
+        return (self.kind, self.memory_gb, self.gflops, self.reserved_gb, self.probe, self.link_mbps)
 
     @classmethod
     def of_kind(cls, name: str, kind: str) -> Device:
@@ -93,16 +98,25 @@ class Device:
 
     def to_dict(self) -> dict:
         if self.kind in KINDS:
-            return {"name": self.name, "kind": self.kind}
-        doc = {"name": self.name, "memory_gb": self.memory_gb, "gflops": self.gflops, "reserved_gb": self.reserved_gb}
+            doc = {"name": self.name, "kind": self.kind}
+        else:
+            doc = {
+                "name": self.name,
+                "memory_gb": self.memory_gb,
+                "gflops": self.gflops,
+                "reserved_gb": self.reserved_gb,
+            }
         if self.probe:
             doc["probe"] = json.loads(self.probe)
+        if self.link_mbps is not None:
+            doc["bandwidth_mbps"] = self.link_mbps
         return doc
 
 
 @dataclass(frozen=True)
 class Cluster:
-    """Devices on one LAN; every link has the same bandwidth and latency."""
+    """Devices on one LAN (a switch): every board's link has the cluster's bandwidth unless the board has its own
+    (`Device.link_mbps`); a transfer runs at the slower of its two ends' links, every link has the same latency."""
 
     devices: tuple[Device, ...]
     bandwidth_mbps: float = 1000.0
@@ -126,6 +140,15 @@ class Cluster:
     @property
     def bytes_per_s(self) -> float:
         return self.bandwidth_mbps * 1e6 / 8
+
+    def bytes_per_s_of(self, *names: str) -> float:
+        """Bytes/s of a transfer between the named devices (or of one device's own link): the slowest of their
+        links, a device of no link of its own counting the cluster's bandwidth; with no names, the cluster's."""
+        return min((self.link_mbps_of(self.device(n)) for n in names), default=self.bandwidth_mbps) * 1e6 / 8
+
+    def link_mbps_of(self, device: Device) -> float:
+        """A device's own link, Mbps: its `link_mbps`, else the cluster's bandwidth."""
+        return self.bandwidth_mbps if device.link_mbps is None else device.link_mbps
 
     @property
     def latency_s(self) -> float:
@@ -185,11 +208,17 @@ class Cluster:
                 base.reserved_gb,
             ):
                 kind = "custom"
+            link = d.get("bandwidth_mbps")
+            if link is not None and (isinstance(link, bool) or not isinstance(link, (int, float)) or not link > 0):
+                raise UserError(f"{where}.bandwidth_mbps must be a positive number (its link's Mbps), got {link!r}")
             probe = ""
             if "probe" in d:
                 probe = canonical_probe(d["probe"], f"{where}.probe")
                 kind = "custom"  # its own measured times, whatever board it is
-            devices.append(Device(dev_name, kind, values["memory_gb"], values["gflops"], values["reserved_gb"], probe))
+            devices.append(
+                Device(dev_name, kind, values["memory_gb"], values["gflops"], values["reserved_gb"], probe,
+                       None if link is None else float(link))
+            )  # fmt: skip
         extra = {}
         for key in ("bandwidth_mbps", "latency_ms"):
             if key in doc:

@@ -120,10 +120,12 @@ def simulate(plan: Plan, w: Workload, replicate: bool = False) -> Simulation:
         copies = 2 if S > 1 else 1
         for s, st in enumerate(plan.stages):
             first = st.devices[0].name
-            seconds = copies * link_s(plan.cluster, replica_bytes(w, st.start, st.end))
-            if S > 1:  # it also receives the previous stage's replica
+            seconds = copies * link_s(plan.cluster, replica_bytes(w, st.start, st.end), first)
+            if S > 1:  # it also receives the previous stage's replica (from that stage's first device)
                 prev = plan.stages[s - 1]
-                seconds = max(seconds, link_s(plan.cluster, replica_bytes(w, prev.start, prev.end)))
+                seconds = max(
+                    seconds, link_s(plan.cluster, replica_bytes(w, prev.start, prev.end), prev.devices[0].name, first)
+                )
             events.append(StepEvent(first, s, -1, "send", total, total + seconds, "replica"))
             clock[first] = total + seconds
         total = max(clock.values())

@@ -68,13 +68,14 @@ def device_steps(plan: Plan, w: Workload) -> dict[str, DeviceSteps]:
         a_in, a_out = w.boundary_bytes(st.start, st.end)
         b_in, b_out = (plan.level(s - 1) if s else OFF), plan.level(s)
         layers = st.end - st.start
-        reduce = allreduce_s(w, cluster, st.start, st.end, len(st.devices), plan.allreduce)
+        names = tuple(d.name for d in st.devices)
+        reduce = allreduce_s(w, cluster, st.start, st.end, len(st.devices), plan.allreduce, names)
 
-        def moves(lo: int, hi: int, other: int, nbytes: float) -> tuple[Transfer, ...]:
+        def moves(name: str, lo: int, hi: int, other: int, nbytes: float) -> tuple[Transfer, ...]:
             if not 0 <= other < S:
                 return ()
             return tuple(
-                Transfer(peer, a, b, link_s(cluster, (b - a) * nbytes))
+                Transfer(peer, a, b, link_s(cluster, (b - a) * nbytes, name, peer))  # at the slower end's rate
                 for peer, a, b in overlaps(lo, hi, ranges[other])
             )
 
@@ -89,10 +90,10 @@ def device_steps(plan: Plan, w: Workload) -> dict[str, DeviceSteps]:
                 hi=hi,
                 forward_s=layers * LAYER_OVERHEAD_S + n * (w.forward_s(dev, st.start, st.end) + codec),
                 backward_s=layers * LAYER_OVERHEAD_S + n * (w.backward_s(dev, st.start, st.end) + codec),
-                send_forward=moves(lo, hi, s + 1, a_out * b_out / OFF),
-                send_backward=moves(lo, hi, s - 1, a_in * gradient_bits(b_in) / OFF),
-                recv_forward=moves(lo, hi, s - 1, a_in * b_in / OFF),
-                recv_backward=moves(lo, hi, s + 1, a_out * gradient_bits(b_out) / OFF),
+                send_forward=moves(name, lo, hi, s + 1, a_out * b_out / OFF),
+                send_backward=moves(name, lo, hi, s - 1, a_in * gradient_bits(b_in) / OFF),
+                recv_forward=moves(name, lo, hi, s - 1, a_in * b_in / OFF),
+                recv_backward=moves(name, lo, hi, s + 1, a_out * gradient_bits(b_out) / OFF),
                 allreduce_s=reduce,
             )
     return out

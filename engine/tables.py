@@ -23,13 +23,19 @@ def shape(plan: Plan) -> str:
     return f"{len(plan.stages)} stage{'s' * (len(plan.stages) != 1)}: {sizes} device{'s' * (sizes != '1')}"
 
 
+def own_links(cluster) -> str:
+    """ ", nano-2 on 20 Mbps" for the devices whose link is their own (empty when none is)."""
+    return "".join(f", {d.name} on {d.link_mbps:g} Mbps" for d in cluster.devices if d.link_mbps is not None)
+
+
 def plan_table(plan: Plan) -> str:
     """The stages, their layers and devices with shares and memory, and the prediction."""
     p = plan.predicted
     cluster = plan.cluster
     head = (
         f"{plan.method} plan for {plan.model} on cluster {cluster.name} "
-        f"({len(cluster.devices)} devices, {cluster.bandwidth_mbps:g} Mbps): batch {plan.batch_size} = "
+        f"({len(cluster.devices)} devices, {cluster.bandwidth_mbps:g} Mbps{own_links(cluster)}): "
+        f"batch {plan.batch_size} = "
         f"{plan.micro_batches} micro-batch{'es' * (plan.micro_batches != 1)} of {plan.micro_batch_size}"
     )
     rows = []

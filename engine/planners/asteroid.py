@@ -81,6 +81,8 @@ class _Search:
         self.classes = device_classes(problem.cluster, self.w)
         # Rates no device of a class beats on any layer range: every bound below divides work by them.
         self.speed = [self.w.speed_bound(c[0]) for c in self.classes]
+        # Each class's link (a board's own, else the cluster's): a stage's all-reduce runs at its slowest.
+        self.links = [(self.cluster.link_mbps_of(c[0]), k) for k, c in enumerate(self.classes)]
         self.levels = (problem.compression, problem.compression)
         self.allreduce = problem.allreduce
         self.L = self.w.num_layers
@@ -137,14 +139,17 @@ class _Search:
         res = allocate([self.terms(k, i, j, in_flight) for k in ks], [g[k] for k in ks], self.m)
         if res is None:
             return None
-        return res[0], self.allreduce_of(i, j, sum(g)), dict(zip(ks, res[1]))
+        return res[0], self.allreduce_of(i, j, g), dict(zip(ks, res[1]))
 
-    def allreduce_of(self, i: int, j: int, n: int) -> float:
-        """`costmodel.allreduce_s` of layers [i, j) across n devices, computed once."""
-        key = (i, j, n)
+    def allreduce_of(self, i: int, j: int, g: tuple[int, ...]) -> float:
+        """`costmodel.allreduce_s` of layers [i, j) across group g, at its slowest link, computed once."""
+        n = sum(g)
+        rate, k = min(self.links[k] for k, c in enumerate(g) if c)  # the slowest class's link and index
+        key = (i, j, n, rate)
         found = self.allreduces.get(key)
         if found is None:
-            found = self.allreduces[key] = allreduce_s(self.w, self.cluster, i, j, n, self.allreduce)
+            names = (self.classes[k][0].name,)
+            found = self.allreduces[key] = allreduce_s(self.w, self.cluster, i, j, n, self.allreduce, names)
         return found
 
     def _memory_free(self, i: int, j: int, g: tuple[int, ...]) -> tuple:
@@ -173,7 +178,7 @@ class _Search:
                         best = t
                         break
                     q += 1
-        cost = (fixed + best, self.allreduce_of(i, j, sum(g)))
+        cost = (fixed + best, self.allreduce_of(i, j, g))
         most = 1 << 30
         for k, _n, c in per:
             n = min(m, math.floor(best / c + 1e-9))  # no device of the class holds more than this
@@ -216,7 +221,8 @@ class _Search:
         bound = M * cap * SLACK
         limit = cap * SLACK
         memo: dict = {}
-        bw = self.cluster.bytes_per_s * OFF / self.levels[0]  # compressed bytes; their codec time is left out
+        # compressed bytes at the fastest link (a bound for every device); their codec time is left out
+        bw = max(rate for rate, _k in self.links) * 1e6 / 8 * OFF / self.levels[0]
         out = self.w.output_bytes
         a_in = [out[i - 1] / bw if i else 0.0 for i in range(L + 1)]  # comm per sample entering at layer i
         a_out = [out[j - 1] / bw if j < L else 0.0 for j in range(L + 1)]  # ... and leaving after layer j

@@ -251,7 +251,7 @@ class Coordinator:
         per: dict[str, float] = {}
         for p in pieces:
             if not p.local:
-                per[p.to] = per.get(p.to, 0.0) + link_s(plan.cluster, replica_bytes(self.wb, p.start, p.end))
+                per[p.to] = per.get(p.to, 0.0) + link_s(plan.cluster, replica_bytes(self.wb, p.start, p.end), p.to)
         return max(per.values(), default=0.0)
 
     def _cluster(self, names: list[str], slowed: bool = True) -> Cluster:
@@ -261,7 +261,7 @@ class Coordinator:
             d = self.true_cluster.device(n)
             factor = self.speed.get(n, 1.0) if slowed else 1.0
             if factor != 1.0:
-                d = Device(d.name, "custom", d.memory_gb, d.gflops / factor, d.reserved_gb, d.probe)
+                d = replace(d, kind="custom", gflops=d.gflops / factor)
             devices.append(d)
         c = self.true_cluster
         return Cluster(tuple(devices), c.bandwidth_mbps, c.latency_ms, c.name)

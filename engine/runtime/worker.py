@@ -468,7 +468,7 @@ class _Device:
                     f"layers from {p.source}",
                 )
                 states, nbytes = layerstate.from_bytes(data.numpy().tobytes()), int(size)
-            seconds = link_s(gen.plan.cluster, nbytes) if nbytes else 0.0
+            seconds = link_s(gen.plan.cluster, nbytes, self.name) if nbytes else 0.0  # over its own link
             self.clock.pad(start, seconds, compute=False)  # the emulated link: device seconds of the transfer
             got.update(states)
             if gen.number > 0 or p.kind != SEED:
@@ -563,7 +563,7 @@ class _Device:
                 payload = encode(payload, bits, stochastic=kind == "B", generator=self.codec_rng)
             self.sent_bytes += payload.numel() * payload.element_size()
             # the link carries the real payload: latency + bytes / bandwidth, in device seconds
-            seconds = link_s(self.cluster, payload.numel() * payload.element_size())
+            seconds = link_s(self.cluster, payload.numel() * payload.element_size(), self.name, t.peer)
             start = max(now(), self.link_free)  # after the sends queued before it
             arrival = start + self.clock.wall(seconds) if self.clock.emulated else 0.0
             self.link_free = arrival
@@ -799,7 +799,8 @@ class _Device:
             p.grad = flat[offset : offset + g.numel()].view_as(g)
             offset += g.numel()
         # ring all-reduce of the gradient bytes on the wire, as the cost model charges it
-        seconds = ring_allreduce_s(self.cluster, flat.numel() * ALLREDUCE[self.plan.allreduce], size)
+        names = tuple(d.name for d in self.plan.stages[self.stage].devices)  # the ring runs at its slowest link
+        seconds = ring_allreduce_s(self.cluster, flat.numel() * ALLREDUCE[self.plan.allreduce], size, names)
         end = self.clock.pad(now(), seconds, compute=False)
         self._event("all-reduce", -1, start, end)
 
@@ -849,7 +850,7 @@ class _Device:
         works, seconds = [], 0.0
         if sender:
             data = layerstate.to_bytes(self.snapshot[1])
-            seconds = link_s(self.cluster, len(data))
+            seconds = link_s(self.cluster, len(data), self.name)
             if target is not None:
                 payload = torch.frombuffer(bytearray(data), dtype=torch.uint8)
                 size = torch.tensor([payload.numel()], dtype=torch.int64)
@@ -858,7 +859,7 @@ class _Device:
                 works += [(payload, self._post(self.train.send, "the replica", [payload], dst, REPLICA_TAG + 1))]
             self._fault(t - 1, "replica")
             put_bytes(self.store, key("central", t, f"{self.own[0]}-{self.own[1]}"), data)
-            seconds += link_s(self.cluster, len(data))
+            seconds += link_s(self.cluster, len(data), self.name)
         if source is not None:
             src = self.ranks[source]
             size = torch.zeros(1, dtype=torch.int64)
@@ -871,7 +872,7 @@ class _Device:
                 f"the replica from {source}",
             )
             self.replica = (t, layerstate.from_bytes(payload.numpy().tobytes()))
-            seconds = max(seconds, link_s(self.cluster, int(size)))
+            seconds = max(seconds, link_s(self.cluster, int(size), self.name, source))
         for _, work in works:
             self._wait(work, f"the replica to {target}")
         self.memory.static_extra(self._held_bytes())
