@@ -26,6 +26,7 @@ import logging
 import signal
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("workers.agent")
 PROTOCOL_VERSION = 1
+LINK_EVERY_S = 600.0  # a (re)connecting agent measures its link again when the last measurement is this old
 
 
 class Agent:
@@ -63,6 +65,8 @@ class Agent:
         self.site = Site.parse(site) if isinstance(site, str) else site
         self.emulate = emulate
         self.capacity = capacity  # a probe.Capacity; None: measured when the agent starts
+        self.credential = credential
+        self.link: tuple[float | None, float] | None = None  # (Mbps or None, when measured) of its link to the site
         self.session = uuid.uuid4().hex  # events are numbered per agent process: a new one starts at seq 1
         self.outbox = Outbox()
         self.runner = Runner(self.site, credential, self.outbox, workload)
@@ -127,13 +131,17 @@ class Agent:
         port = to.port or (443 if to.scheme == "wss" else 80)
         address = await asyncio.to_thread(local_address, to.hostname, port)  # may ask the DNS
         self.runner.address = address  # the data plane binds there, not where the host name resolves (127.0.1.1)
-        return {
-            "type": "hello",
-            "session": self.session,
-            **self.capacity.to_dict(),
-            "address": address,
-            "version": PROTOCOL_VERSION,
-        }
+        if self.link is None or time.monotonic() - self.link[1] > LINK_EVERY_S:  # at most every 10 minutes
+            from workers.linkprobe import measure_link
+
+            mbps = await asyncio.to_thread(measure_link, self.site, self.credential)
+            self.link = (mbps, time.monotonic())
+            if mbps is not None:
+                log.info("this board's link to the site: %.0f Mbps", mbps)
+        hello = {"type": "hello", "session": self.session, **self.capacity.to_dict(), "address": address}
+        if self.link[0] is not None:
+            hello["link_mbps"] = round(self.link[0], 1)
+        return {**hello, "version": PROTOCOL_VERSION}
 
 
 class _Parser(argparse.ArgumentParser):

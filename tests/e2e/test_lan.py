@@ -21,7 +21,8 @@ pytestmark = [
     pytest.mark.skipif(available() is not None, reason=f"no namespaced testbed here: {available()}"),
 ]
 
-# Three boards of three kinds: clock offsets of 0, 1 and 2 days (and some), 20 Mbit links.
+# Three boards of three kinds: clock offsets of 0, 1 and 2 days (and some); wired links but the Nano's, on
+# 20 Mbit (a board on slow Wi-Fi), which its agent measures and the planner takes into account.
 DEVICES = [("nx-0", "jetson-xavier-nx", "b0"), ("tx2-0", "jetson-tx2", "b1"), ("nano-0", "jetson-nano", "b2")]
 PORTS = "40000 40999"  # the boards' ephemeral port range: where gloo listens
 JOB = {"model": "mobilenetv2", "dataset": "synthetic", "batch_size": 32, "iterations": 8}
@@ -30,7 +31,7 @@ JOB = {"model": "mobilenetv2", "dataset": "synthetic", "batch_size": 32, "iterat
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory, profile_cache):
     # one board more than devices: b3 is a stranger's machine on the same LAN
-    tb = Testbed(name="aslan", boards=len(DEVICES) + 1, subnet="198.18.43.0/24", rate="20mbit")
+    tb = Testbed(name="aslan", boards=len(DEVICES) + 1, subnet="198.18.43.0/24", rate=None, rates={"b2": "20mbit"})
     tb.up()
     for board in tb.boards:  # as docs/deployment.md has a lab narrow the boards' data-plane ports for a firewall
         subprocess.run(["ip", "netns", "exec", board.netns, "sysctl", "-qw", f"net.ipv4.ip_local_port_range={PORTS}"],
@@ -79,6 +80,12 @@ def test_a_job_across_boards_with_clocks_days_apart_completes_with_a_whole_timel
                     and (s["iteration"], s["micro_batch"]) == (r["iteration"], r["micro_batch"])]  # fmt: skip
         assert arrivals, r
         assert r["end"] >= min(arrivals) - 0.01, (r, arrivals)
+    # the Nano's agent measured its 20 Mbit link, and the plan kept the Nano off the pipeline's links
+    links = {d["name"]: d["measured"].get("link_mbps") for d in lab.system.api("/api/devices/")["devices"]}
+    assert 10 < links["nano-0"] < 25 and links["nx-0"] > 500 and links["tx2-0"] > 500, links
+    own = {d["name"]: d.get("bandwidth_mbps") for d in final["plan"]["cluster"]["devices"]}
+    assert own == {"nx-0": None, "tx2-0": None, "nano-0": links["nano-0"]}, own
+    assert "nano-0" not in devices, final["plan"]["stages"]
     # every device's row ends done; nothing happens to the job once it completed
     time.sleep(6)
     again = lab.system.api(f"/api/jobs/{final['id']}/")

@@ -11,6 +11,7 @@ from webapp.accounts.auth import api, error, json_object
 from webapp.devices.agents import disconnect_agent
 from webapp.devices.forms import DeviceForm
 from webapp.devices.models import Device
+from webapp.lib.tokens import bearer
 
 
 def agent_command(request, token: str) -> str:
@@ -62,3 +63,22 @@ def enroll(request):
         return error(403, "unknown or already used enrollment token; ask an administrator for a new one")
     device, credential = result
     return JsonResponse({"device": device.to_dict(), "credential": credential})
+
+
+LINK_PROBE_MAX_BYTES = 8 * 1024 * 1024  # workers.linkprobe.MAX_BYTES
+
+
+@csrf_exempt  # device credential, no session
+@require_POST
+def link_probe(request):
+    """An agent measures its link: it sends up to 8 MiB of zeros and times this answer (nothing is kept)."""
+    device = Device.for_credential(bearer(request.headers.get("Authorization")))
+    if device is None:
+        return error(401, "unknown or revoked device credential")
+    declared = request.headers.get("Content-Length") or "0"
+    if not declared.isdigit() or int(declared) > LINK_PROBE_MAX_BYTES:
+        return error(413, f"a link probe is at most {LINK_PROBE_MAX_BYTES} bytes, got {declared[:20]!r}")
+    received = 0
+    while chunk := request.read(1 << 20):  # streamed, not request.body (capped at 2.5 MB, held in memory)
+        received += len(chunk)
+    return JsonResponse({"received": received})

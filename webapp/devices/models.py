@@ -126,12 +126,22 @@ class Device(models.Model):
             "created_at": self.created_at.isoformat() if self.created_at else None,
         }
 
-    def to_engine(self) -> EngineDevice:
-        """The engine's view of this device for planning; like a cluster file, changed figures make it custom."""
+    def to_engine(self, bandwidth_mbps: float | None = None) -> EngineDevice:
+        """The engine's view of this device for planning; like a cluster file, changed figures make it custom.
+        A board whose measured link (its agent's probe) is under half the job's `bandwidth_mbps` is planned at its
+        own link: the probe (8 MiB over HTTP) reads a fast link low, so a smaller shortfall is its noise."""
         kind = KINDS.get(self.kind)
         reserved = kind.reserved_gb if kind else 0.0
         same = kind is not None and (self.memory_gb, self.gflops) == (kind.memory_gb, kind.gflops)
         probe = ""
         if kind is None and (self.measured or {}).get("probe"):  # its agent's probe: per-layer predictions
             probe = canonical_probe(self.measured["probe"], f"device {self.name}: probe")
-        return EngineDevice(self.name, self.kind if same else CUSTOM, self.memory_gb, self.gflops, reserved, probe)
+        link = (self.measured or {}).get("link_mbps")
+        own = (
+            link
+            if bandwidth_mbps is not None and isinstance(link, (int, float)) and link < bandwidth_mbps / 2
+            else None
+        )
+        return EngineDevice(
+            self.name, self.kind if same else CUSTOM, self.memory_gb, self.gflops, reserved, probe, own
+        )  # fmt: skip

@@ -55,6 +55,9 @@ def _hello(msg: dict) -> None:
     _field(msg, "emulated", bool)
     for name in ("memory_bytes", "gflops", "host_gflops"):
         _number(msg, name, optional=name == "host_gflops")
+    link = _number(msg, "link_mbps", optional=True)  # its link to the site, measured (workers.linkprobe)
+    if link is not None and not 0 < link < 1e9:
+        raise ProtocolError("hello: link_mbps must be a positive number of Mbps")
     address = _field(msg, "address", str, optional=True)
     if address is not None and len(address) > 64:
         raise ProtocolError("hello: address is longer than 64 characters")

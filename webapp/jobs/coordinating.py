@@ -407,7 +407,7 @@ def _carry_out(action: JobAction, coordinator) -> None:
     if device is None:
         _done(action, "not done: the device is no longer registered")
         return
-    coordinator.join(device.to_engine())
+    coordinator.join(device.to_engine(action.job.bandwidth_mbps))
     _done(action, f"asked by {who}: joins at the next iteration boundary")
 
 

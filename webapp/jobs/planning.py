@@ -47,7 +47,8 @@ def plan_all(
     from engine.simulator import simulate
     from engine.workloads import workload
 
-    cluster = Cluster(tuple(d.to_engine() for d in devices), bandwidth_mbps=bandwidth_mbps, name="registered")
+    devices = tuple(d.to_engine(bandwidth_mbps) for d in devices)  # a board measured on a slow link has its own
+    cluster = Cluster(devices, bandwidth_mbps=bandwidth_mbps, name="registered")
     progress(0.0, f"profiling {model} (cached after the first job)")
     w = workload(model, cluster=cluster)
     problem = Problem(w, cluster, batch_size)
