@@ -69,13 +69,13 @@ def site_env(var: Path, port: int, profile_cache: Path, cluster: str) -> dict:
     return env
 
 
-def start_system(env: dict, log: Path, host: str = "127.0.0.1") -> System:
-    """`python -m webapp.startsite` in `env` (serving on `host`), once it serves and every agent is online."""
+def start_system(env: dict, log: Path) -> System:
+    """`python -m webapp.startsite` in `env`, once it serves and every agent is online."""
     starts = log.read_text().count(READY) if log.exists() else 0  # a restart appends to the same log
     with open(log, "a") as out:
         proc = subprocess.Popen([sys.executable, "-m", "webapp.startsite"], cwd=ROOT, env=env, stdout=out,
                                 stderr=subprocess.STDOUT)  # fmt: skip
-    system = System(f"http://{host}:{env['ASTEROID_PORT']}", proc, env, log)
+    system = System(f"http://127.0.0.1:{env['ASTEROID_PORT']}", proc, env, log)
     try:
         system.wait("the site", lambda: log.read_text().count(READY) > starts, 90)
         system.token = system.manage("createtoken", "admin").strip().splitlines()[-1]

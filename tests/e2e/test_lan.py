@@ -12,9 +12,9 @@ import time
 import psutil
 import pytest
 
-from tests.e2e.lan import start_lab, stop_lab
-from tests.e2e.test_recovery import ended, log_lines, planned, reached
+from webapp.embedded_redis import free_port
 from workers.testbed import Testbed, available
+from workers.testbed.lab import Lab
 
 pytestmark = [
     pytest.mark.multiprocess,
@@ -37,31 +37,21 @@ def lab(tmp_path_factory, profile_cache):
         subprocess.run(["ip", "netns", "exec", board.netns, "sysctl", "-qw", f"net.ipv4.ip_local_port_range={PORTS}"],
                        check=True)  # fmt: skip
     try:
-        lab = start_lab(tb, tmp_path_factory.mktemp("lab"), profile_cache, DEVICES)
-        try:
+        var, port = tmp_path_factory.mktemp("lab"), free_port()
+        with Lab(tb, var, port, DEVICES, ASTEROID_CACHE_DIR=profile_cache, ASTEROID_STORE_PORT=free_port()) as lab:
             yield lab
-        finally:
-            stop_lab(lab)
     finally:
         tb.down()
 
 
 def run_job(lab, job: dict | None = None, during=None) -> tuple[dict, list[str]]:
-    """Plan and launch a job on the lab's boards; `during(job_id)` runs once iteration 2 is done. The ended job
-    and its log."""
-    system = lab.system
-    job = planned(system, {**JOB, **(job or {})})
-    assert system.api(f"/api/jobs/{job['id']}/launch/", {})["status"] == "running"
-    if during is not None:
-        reached(system, job["id"], 1)
-        during(job["id"])
-    final = ended(system, job["id"], timeout=400)
-    return final, log_lines(system, job["id"])
+    """Plan and launch a job on the lab's boards; `during(job_id)` runs once iteration 2 is done."""
+    return lab.run_job({**JOB, **(job or {})}, during)
 
 
 def test_a_job_across_boards_with_clocks_days_apart_completes_with_a_whole_timeline(lab):
     final, lines = run_job(lab)
-    assert final["status"] == "completed", final["message"] + "\n" + "\n".join(lines) + "\n" + lab.system.tail()
+    assert final["status"] == "completed", final["message"] + "\n" + "\n".join(lines) + "\n" + lab.tail()
     assert [g["reason"] for g in final["generations"]] == ["start"], lines  # no spurious recovery
     devices = set(final["devices"])
     assert len(devices) >= 2, final["plan"]
@@ -81,16 +71,16 @@ def test_a_job_across_boards_with_clocks_days_apart_completes_with_a_whole_timel
         assert arrivals, r
         assert r["end"] >= min(arrivals) - 0.01, (r, arrivals)
     # the Nano's agent measured its 20 Mbit link, and the plan kept the Nano off the pipeline's links
-    links = {d["name"]: d["measured"].get("link_mbps") for d in lab.system.api("/api/devices/")["devices"]}
+    links = {d["name"]: d["measured"].get("link_mbps") for d in lab.api("/api/devices/")["devices"]}
     assert 10 < links["nano-0"] < 25 and links["nx-0"] > 500 and links["tx2-0"] > 500, links
     own = {d["name"]: d.get("bandwidth_mbps") for d in final["plan"]["cluster"]["devices"]}
     assert own == {"nx-0": None, "tx2-0": None, "nano-0": links["nano-0"]}, own
     assert "nano-0" not in devices, final["plan"]["stages"]
     # every device's row ends done; nothing happens to the job once it completed
     time.sleep(6)
-    again = lab.system.api(f"/api/jobs/{final['id']}/")
+    again = lab.api(f"/api/jobs/{final['id']}/")
     assert again["status"] == "completed" and again["generations"] == final["generations"]
-    assert log_lines(lab.system, final["id"]) == lines
+    assert lab.log_lines(final["id"]) == lines
     states = lab.shell(
         "import json\nfrom webapp.jobs.models import JobDevice\n"
         f"rows = JobDevice.objects.filter(job_id={final['id']})\n"
@@ -103,7 +93,7 @@ def test_a_job_across_boards_with_clocks_days_apart_completes_with_a_whole_timel
 
 def board_in_plan(lab, job_id: int, last: bool = False) -> tuple[str, str]:
     """A device the job's plan uses, other than its first stage's first device, and its board."""
-    job = lab.system.api(f"/api/jobs/{job_id}/")
+    job = lab.api(f"/api/jobs/{job_id}/")
     names = [d["name"] for st in job["plan"]["stages"] for d in st["devices"]]
     name = names[-1] if last else names[min(1, len(names) - 1)]
     return name, lab.board_of[name]
@@ -127,9 +117,9 @@ def test_a_pulled_cable_is_recovered_and_the_board_comes_back_fenced(lab):
     lost = [line for line in lines if line.startswith(f"device {pulled['device']} lost at iteration")]
     assert lost and "no heartbeat" in lost[0], lines
     # plugged back, its agent reconnects and the device is free for the next job: its stale generation did nothing
-    lab.system.wait(f"{pulled['device']} back online", lambda: {d["name"]: d for d in lab.system.api(
+    lab.wait(f"{pulled['device']} back online", lambda: {d["name"]: d for d in lab.api(
         "/api/devices/")["devices"]}[pulled["device"]]["status"] == "online", 90)  # fmt: skip
-    assert lab.system.api(f"/api/jobs/{final['id']}/")["status"] == "completed"
+    assert lab.api(f"/api/jobs/{final['id']}/")["status"] == "completed"
 
 
 def test_a_link_flap_shorter_than_the_detection_window_evicts_no_one(lab):
@@ -174,7 +164,7 @@ def test_a_throttled_board_is_measured_and_the_job_re_partitions(lab):
         # dilation leaves every device headroom, the fastest kind least, about a third): 10 % of a core is too
         # little for it, as for a real board held to a tenth of its speed.
         throttled["device"], throttled["board"] = "nx-0", lab.board_of["nx-0"]
-        assert "nx-0" in lab.system.api(f"/api/jobs/{job_id}/")["devices"]
+        assert "nx-0" in lab.api(f"/api/jobs/{job_id}/")["devices"]
         lab.tb.throttle(throttled["board"], 10)
 
     try:
@@ -204,9 +194,9 @@ def test_a_stranger_on_the_lan_cannot_reach_a_jobs_store(lab):
     seen = {}
 
     def intrude(job_id):
-        env = lab.system.env
+        env = lab.env
         # the only ports open to the LAN are the site's and the store gateway's: fixed, and a firewall can name them
-        site = psutil.Process(lab.system.proc.pid)
+        site = psutil.Process(lab.proc.pid)
         listening = {
             f"{c.laddr.ip}:{c.laddr.port}"
             for proc in [site, *site.children(recursive=True)]
@@ -227,7 +217,7 @@ def test_a_stranger_on_the_lan_cannot_reach_a_jobs_store(lab):
 
     final, lines = run_job(lab, during=intrude)
     assert final["status"] == "completed", final["message"] + "\n" + "\n".join(lines)
-    site, gateway = f"{lab.tb.site_address}:{lab.system.env['ASTEROID_PORT']}", lab.system.env["ASTEROID_STORE_PORT"]
+    site, gateway = f"{lab.tb.site_address}:{lab.env['ASTEROID_PORT']}", lab.env["ASTEROID_STORE_PORT"]
     assert seen["exposed"] == {site, f"{lab.tb.site_address}:{gateway}"}, seen["exposed"]
     low, high = map(int, PORTS.split())
     assert seen["board"] and all(low <= int(a.rsplit(":", 1)[1]) <= high for a in seen["board"]), seen["board"]

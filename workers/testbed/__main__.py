@@ -46,6 +46,7 @@ def parser() -> Parser:
     status = sub.add_parser("status", parents=[common], help="boards, addresses, rates, clocks, link/freezer/cpu")
     status.add_argument("--json", action="store_true")
     sub.add_parser("down", parents=[common], help="kill the boards' processes and remove everything")
+    sub.add_parser("bench", help="a lab of three boards on a testbed of its own, measured (docs/benchmarks.md)")
     run = sub.add_parser("run", parents=[common], help="run CMD on BOARD in the foreground: run BOARD -- CMD ...")
     run.add_argument("board")
     run.add_argument("cmd", nargs=argparse.REMAINDER)
@@ -84,6 +85,15 @@ def table(tb: Testbed, live: bool) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:  # a lab on a testbed of its own, measured (workers/testbed/bench.py)
+        from workers.testbed.bench import main as bench
+
+        try:
+            return bench(argv[1:])
+        except TestbedError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     args = parser().parse_args(argv)
     try:
         return dispatch(args)
