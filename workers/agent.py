@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
 import logging
 import signal
 import sys
@@ -131,7 +132,11 @@ class Agent:
         port = to.port or (443 if to.scheme == "wss" else 80)
         address = await asyncio.to_thread(local_address, to.hostname, port)  # may ask the DNS
         self.runner.address = address  # the data plane binds there, not where the host name resolves (127.0.1.1)
-        if self.link is None or time.monotonic() - self.link[1] > LINK_EVERY_S:  # at most every 10 minutes
+        try:  # an agent on the site's own host (make run's emulated ones) has no LAN link to the site to measure
+            on_site_host = ipaddress.ip_address(address).is_loopback
+        except ValueError:
+            on_site_host = False
+        if not on_site_host and (self.link is None or time.monotonic() - self.link[1] > LINK_EVERY_S):
             from workers.linkprobe import measure_link
 
             mbps = await asyncio.to_thread(measure_link, self.site, self.credential)
@@ -139,7 +144,7 @@ class Agent:
             if mbps is not None:
                 log.info("this board's link to the site: %.0f Mbps", mbps)
         hello = {"type": "hello", "session": self.session, **self.capacity.to_dict(), "address": address}
-        if self.link[0] is not None:
+        if self.link is not None and self.link[0] is not None:
             hello["link_mbps"] = round(self.link[0], 1)
         return {**hello, "version": PROTOCOL_VERSION}
 
