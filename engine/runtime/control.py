@@ -154,6 +154,7 @@ class Heartbeat:
         self.generation = -1
         self.abort = threading.Event()
         self.stop_at: int | None = None  # the coordinator asked to stop after this iteration (0-based)
+        self._lock = threading.Lock()  # a flag read for one generation is never kept once `watch` moved on
         self._quit = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"heartbeat-{name}", daemon=True)
 
@@ -162,8 +163,9 @@ class Heartbeat:
 
     def watch(self, generation: int) -> None:
         """Follow the flags of `generation` from now on."""
-        self.generation, self.stop_at = generation, None
-        self.abort.clear()
+        with self._lock:
+            self.generation, self.stop_at = generation, None
+            self.abort.clear()
 
     def _run(self) -> None:
         beat = key("hb", self.name)
@@ -172,10 +174,18 @@ class Heartbeat:
                 self._store.add(beat, 1)
                 g = self.generation
                 if g >= 0:
-                    if self._store.check([gen_key(g, "abort")]) and g == self.generation:
-                        self.abort.set()
+                    abort = self._store.check([gen_key(g, "abort")])
+                    stop = None
                     if self.stop_at is None and self._store.check([gen_key(g, "stop")]):
-                        self.stop_at = int(self._store.get(gen_key(g, "stop")))
+                        stop = int(self._store.get(gen_key(g, "stop")))
+                    # Read for generation g: kept only if the device still runs g (a stop of the generation just
+                    # ended, kept into the next, stopped that one after its first iteration with no stop asked).
+                    with self._lock:
+                        if g == self.generation:
+                            if abort:
+                                self.abort.set()
+                            if stop is not None and self.stop_at is None:
+                                self.stop_at = stop
             except Exception:  # the coordinator is gone: the device's own waits will notice
                 self.abort.set()
                 return
