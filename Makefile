@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint venv browser
+.PHONY: run test lint venv browser agent
 
 # The stamp is newer than requirements.txt once its packages are installed: pip runs only after it changes.
 $(PY):
@@ -18,6 +18,17 @@ venv: $(STAMP)
 
 run: $(STAMP)
 	$(PY) -m webapp.startsite
+
+# A board's agent, with this checkout's Python whatever `python` the shell has: the line the site's *Add device*
+# page shows, `make agent SERVER=http://SITE:8000 TOKEN=ENROLLMENT_TOKEN` (TOKEN only the first time; EMULATE=nano
+# presents this host as a Nano, STATE=FILE keeps the credential elsewhere).
+agent: $(STAMP)
+	@if [ -z "$(SERVER)" ]; then \
+		echo "error: make agent needs SERVER=http://SITE:PORT (and TOKEN=... the first time): the site's Add device page shows the line" >&2; \
+		exit 2; \
+	fi
+	@exec $(PY) -m workers.agent --server "$(SERVER)" $(if $(TOKEN),--token "$(TOKEN)") \
+		$(if $(EMULATE),--emulate "$(EMULATE)") $(if $(STATE),--state "$(STATE)")
 
 # The browser test drives Debian's chromium (Playwright downloads no browser here). Installed when missing and
 # this is a Debian machine where we are root; elsewhere tests/e2e says loudly why it skips.

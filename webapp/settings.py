@@ -145,6 +145,8 @@ if REDIS_URL:
     # a message (BZPOPMIN, 5 s): an idle consumer's read then times out and its socket is closed (1011).
     host = {"address": REDIS_URL, "socket_timeout": 30}
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [host]}}}
+    # one cache for every site process (the link probes' turn, webapp.devices.api.link_slot)
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
 else:
     CHANNEL_LAYERS = {}
 

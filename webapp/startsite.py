@@ -192,7 +192,7 @@ def serve(redis_url: str, redis_note: str, admin_password: str | None, cluster=N
             agents = {name: spawn(args, env=env) for name, args in commands.items()}
         print(f"\nAsteroid is running at {settings.ASTEROID_SITE_URL}/", flush=True)
         if host not in ("127.0.0.1", "localhost", "::1"):
-            print(f"  boards enroll with: python -m workers.agent --server {settings.ASTEROID_SITE_URL} --token T")
+            print(f"  boards enroll with: make agent SERVER={settings.ASTEROID_SITE_URL} TOKEN=T")
             print(f"  jobs' store gateway: {host}:{settings.ASTEROID_STORE_PORT} (docs/deployment.md)")
         if admin_password:
             shown = "(from ASTEROID_ADMIN_PASSWORD)" if admin_password_from_env() else admin_password

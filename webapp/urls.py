@@ -42,6 +42,7 @@ urlpatterns = [
     re_path(r"^api/jobs/(?P<job_id>[0-9]+)/(?P<action>remove|add|kill)/$", jobs_api.device_action),
     path("api/agent/enroll/", devices_api.enroll),
     path("api/agent/link/", devices_api.link_probe),
+    path("api/agent/link/slot/", devices_api.link_slot),
     path("api/agent/jobs/<int:job_id>/part/", jobs_api.upload_part),
     re_path(r"^api/", api_errors.not_found),  # after every API route: the rest of /api/ is a JSON 404
     path("accounts/login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),

@@ -1,5 +1,6 @@
 """The device agent: enrolls once, then keeps a session with the site and runs the device processes it asks for.
 
+    make agent SERVER=http://HOST:8000 TOKEN=ENROLLMENT_TOKEN [EMULATE=nano|tx2|nx]  # the checkout's Python
     python -m workers.agent --server http://HOST:8000 --token ENROLLMENT_TOKEN [--emulate nano|tx2|nx]
     python -m workers.agent --server http://HOST:8000          # later runs: the credential is in the state file
 
@@ -168,6 +169,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+PACKAGES = ("websockets", "numpy", "torch")  # what an agent and its device processes import
+
+
+def check_packages() -> None:
+    """UserError naming the fix when this Python lacks what the agent needs (a board's system Python)."""
+    import importlib.util
+
+    missing = [name for name in PACKAGES if importlib.util.find_spec(name) is None]
+    if missing:
+        raise UserError(
+            f"this Python ({sys.executable}) has no {', '.join(missing)}: run the agent from the repository's "
+            "directory with `make agent SERVER=... TOKEN=...` (it sets up and uses the checkout's .venv); "
+            "the enrollment token is still unused"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
@@ -176,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         site = Site.parse(args.server)
         if args.emulate:
             get_kind(args.emulate)
+        check_packages()  # before the one-time token is spent
         path = Path(args.state).expanduser() if args.state else default_state_path(site)
         state = obtain(site, args.token, path)
         agent = Agent(site, state.credential, emulate=args.emulate)

@@ -149,7 +149,7 @@ class Connection:
     def _refused(self, how: str) -> Refused:
         return Refused(
             f"the server refused this device's credential ({how}): it was revoked or is unknown; enroll again with "
-            f"a new token from the site: python -m workers.agent --server {self.site.url} --token NEW_TOKEN"
+            f"a new token from the site: make agent SERVER={self.site.url} TOKEN=NEW_TOKEN"
         )
 
     async def _session(self, stop: asyncio.Event) -> None:

@@ -50,10 +50,14 @@ class Site:
     def post(self, path: str, body: bytes, content_type: str, credential: str | None = None) -> dict:
         """POST to `{url}{path}`; the JSON reply (empty dict for none). Raises HttpError for an error status
         and OSError (URLError, timeouts) when the site cannot be reached."""
+        return self.send("POST", path, body, content_type, credential)
+
+    def send(self, method: str, path: str, body: bytes, content_type: str, credential: str | None = None) -> dict:
+        """`post` with another method (DELETE)."""
         headers = {"Content-Type": content_type, "Accept": "application/json"}
         if credential:
             headers["Authorization"] = f"Bearer {credential}"
-        request = urllib.request.Request(self.url + path, data=body, headers=headers, method="POST")
+        request = urllib.request.Request(self.url + path, data=body, headers=headers, method=method)
         try:
             with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S) as reply:
                 text = reply.read()

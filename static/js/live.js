@@ -141,13 +141,15 @@
   function applyStatus(status, message) {
     if (!status) return;
     showStatus(status, message);
-    if (FINISHED.indexOf(status) >= 0) markFinished();
+    if (FINISHED.indexOf(status) >= 0) markFinished(status);
   }
 
-  function markFinished() {
+  function markFinished(status) {
     live.finished = true;
     const cancel = $('cancel-form');
     if (cancel) cancel.hidden = true;
+    const model = $('model-link'); // only a completed run assembles a trained model
+    if (model && status && status !== 'completed') model.hidden = true;
     document.querySelectorAll('.when-finished').forEach((el) => el.removeAttribute('hidden'));
   }
 

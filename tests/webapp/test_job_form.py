@@ -88,3 +88,11 @@ def test_compression_is_off_unless_asked_for(cluster_c, given, expected):
 def test_an_unknown_compression_level_is_a_form_error(cluster_c):
     form = JobForm({**BODY, "model": "mobilenetv2", "dataset": "digits", "iterations": 20, "compression": "3"})
     assert list(form.errors) == ["compression"]
+
+
+def test_iterations_and_epochs_both_given_is_an_error_naming_both(cluster_c):
+    form = JobForm({**BODY, "model": "mobilenetv2", "dataset": "digits", "iterations": 20, "epochs": 2})
+    assert not form.is_valid()
+    assert form.errors["epochs"] == [
+        "Give iterations or epochs, not both (20 iterations and 2 epochs): empty one of them."
+    ]

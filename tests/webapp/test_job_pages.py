@@ -71,13 +71,17 @@ def test_finished_job_offers_model_and_trace(client, bob, settings):
     JobEvent.objects.create(job=job, device="nx-0", type="step", data=step)
     client.force_login(bob)
     live = client.get(f"/jobs/{job.pk}/live/").content.decode()
-    assert 'id="download-model"' in live and 'data-devices="[&quot;nx-0&quot;]"' in live
+    assert '<span id="model-link" hidden>' in live and 'data-devices="[&quot;nx-0&quot;]"' in live  # none yet
     trace = client.get(f"/jobs/{job.pk}/trace.json").json()
     assert [e["name"] for e in trace["traceEvents"] if e.get("ph") == "X"] == ["F0"]
-    assert client.get(f"/jobs/{job.pk}/model.pt").status_code == 404  # nothing was uploaded
+    missing = client.get(f"/jobs/{job.pk}/model.pt", follow=True)  # nothing was uploaded: said on the page
+    assert missing.redirect_chain[-1][0] == f"/jobs/{job.pk}/live/"
+    assert f"Job {job.pk} has no trained model: it completed before every device" in missing.content.decode()
     folder = settings.ASTEROID_JOBS_DIR / str(job.pk)
     folder.mkdir(parents=True)
     (folder / "model.pt").write_bytes(b"weights")
+    live = client.get(f"/jobs/{job.pk}/live/").content.decode()
+    assert '<span id="model-link">' in live and 'id="download-model"' in live
     download = client.get(f"/jobs/{job.pk}/model.pt")
     assert b"".join(download.streaming_content) == b"weights"
     assert "attachment" in download["Content-Disposition"]

@@ -2,24 +2,54 @@
 and the engine device a job plans on."""
 
 import pytest
+from django.core.cache import cache
 from django.test import Client
 
+from webapp.devices.api import LINK_SLOT_KEY, LINK_SLOT_S
 from webapp.devices.models import Device
 from webapp.devices.protocol import CHECKS, ProtocolError
 
 
+@pytest.fixture(autouse=True)
+def no_one_measuring():
+    cache.delete(LINK_SLOT_KEY)  # the cache is Redis's where REDIS_URL is set: another test's turn may linger
+
+
 @pytest.mark.django_db
-def test_the_link_probe_counts_what_arrived_for_a_device_only():
+def test_the_link_probe_counts_what_arrived_for_a_device_in_its_turn_only():
     device = Device.objects.create(name="nano-7", kind="jetson-nano")
     _, credential = Device.enroll(device.issue_enrollment())
-    client, url = Client(), "/api/agent/link/"
+    client, url, slot = Client(), "/api/agent/link/", "/api/agent/link/slot/"
     assert client.post(url, b"x" * 10, content_type="application/octet-stream").status_code == 401
+    assert client.post(slot).status_code == 401
     auth = {"HTTP_AUTHORIZATION": f"Bearer {credential}"}
+    early = client.post(url, bytes(10), content_type="application/octet-stream", **auth)
+    assert early.status_code == 409 and "in its turn" in early.json()["error"]
+    assert client.post(slot, **auth).json() == {"seconds": LINK_SLOT_S}
     ok = client.post(url, bytes(300_000), content_type="application/octet-stream", **auth)
     assert ok.status_code == 200 and ok.json() == {"received": 300_000}
     big = client.post(url, bytes(9 * 1024 * 1024), content_type="application/octet-stream", **auth)
     assert big.status_code == 413 and "at most" in big.json()["error"]
     assert client.get(url, **auth).status_code == 405
+    assert client.delete(slot, **auth).json() == {"released": True}
+    assert client.post(url, bytes(10), content_type="application/octet-stream", **auth).status_code == 409
+
+
+@pytest.mark.django_db
+def test_boards_measure_their_links_one_at_a_time():
+    turns = []
+    for name in ("nano-1", "nano-2"):
+        device = Device.objects.create(name=name, kind="jetson-nano")
+        turns.append({"HTTP_AUTHORIZATION": f"Bearer {Device.enroll(device.issue_enrollment())[1]}"})
+    client, slot = Client(), "/api/agent/link/slot/"
+    assert client.post(slot, **turns[0]).status_code == 200
+    busy = client.post(slot, **turns[1])
+    assert busy.status_code == 429 and busy["Retry-After"] and "another board" in busy.json()["error"]
+    assert client.delete(slot, **turns[1]).status_code == 200  # not its turn: nothing given back
+    assert client.post(slot, **turns[1]).status_code == 429
+    assert client.post(slot, **turns[0]).status_code == 200  # asking again keeps it
+    client.delete(slot, **turns[0])
+    assert client.post(slot, **turns[1]).status_code == 200
 
 
 HELLO = {"type": "hello", "session": "s1", "kind": "jetson-nano", "emulated": False, "memory_bytes": 4 << 30,

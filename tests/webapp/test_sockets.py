@@ -37,7 +37,7 @@ def running_job(owner, devices: list[Device]) -> Job:
             "predicted": {"throughput": 100.0, "iteration_s": 0.08, "bubble_fraction": 0.0, "memory_bytes": {},
                           "fits": True}}  # fmt: skip
     job = Job.objects.create(owner=owner, model="mobilenetv2", plan=plan, status="running", iterations=2,
-                             launched_at=timezone.now())  # fmt: skip
+                             launched_at=timezone.now(), started_at=timezone.now())  # fmt: skip
     for rank, d in enumerate(devices):
         JobDevice.objects.create(job=job, device=d, name=d.name, rank=rank)
         Device.objects.filter(pk=d.pk).update(status="busy", job=job)
@@ -178,6 +178,42 @@ def test_launch_assign_accept_then_done(bob, settings):
     assert job.status == "completed" and job.finished_at and job.started_at
     assert set(Device.objects.values_list("status", flat=True)) == {"offline"}  # freed, then both disconnected
     assert JobEvent.objects.filter(job=job, type="log", data__level="warning").exists()  # no parts: no model
+
+
+def test_an_assign_lost_in_a_dead_connection_is_sent_again_when_the_agent_reconnects(bob):
+    # a cable pulled and plugged back: the site still held the agent's socket for up when it launched the job
+    a, cred_a = enrolled("nx-0", "jetson-xavier-nx")
+    b, cred_b = enrolled("tx2-0")
+    Device.objects.filter(pk__in=[a.pk, b.pk]).update(status="online", measured={"emulated": True})
+    job = running_job(bob, [a, b])
+    Job.objects.filter(pk=job.pk).update(status="planned", launched_at=None, started_at=None)
+    JobDevice.objects.filter(job=job).delete()
+    Device.objects.filter(pk__in=[a.pk, b.pk]).update(status="online", job=None)
+
+    async def run():
+        nx = agent_socket(cred_a)
+        assert (await nx.connect())[0]
+        await say(nx, {**HELLO, "session": "nx"})
+        await sync_to_async(launching.launch)(await sync_to_async(Job.objects.get)(pk=job.pk))
+        assert (await nx.receive_json_from(5))["type"] == "assign"  # tx2-0's went nowhere
+        await nx.send_json_to({"type": "accepted", "job": job.pk, "port": 1234})
+        tx2 = agent_socket(cred_b)  # its agent's socket reconnects: the welcome, then the assign it is owed
+        assert (await tx2.connect())[0]
+        assert (await say(tx2, {**HELLO, "session": "tx2"}))["type"] == "welcome"
+        owed = await tx2.receive_json_from(5)
+        assert (owed["type"], owed["job"], owed["rank"]) == ("assign", job.pk, 1)
+        await tx2.send_json_to({"type": "accepted", "job": job.pk, "port": None})
+        assert await tx2.receive_nothing(0.3)
+        await nx.disconnect()
+        again = agent_socket(cred_a)  # once it accepted, a reconnect owes nothing
+        assert (await again.connect())[0]
+        assert (await say(again, {**HELLO, "session": "nx"}))["type"] == "welcome"
+        assert await again.receive_nothing(0.3)
+        for ws in (again, tx2):
+            await ws.disconnect()
+
+    async_to_sync(run)()
+    assert Job.objects.get(pk=job.pk).started_at is not None
 
 
 def test_device_error_fails_the_job_and_cancels_the_others(bob):

@@ -63,6 +63,42 @@ def test_a_rejected_token_is_one_line(tmp_path):
     assert code == 2 and len(err) == 1 and "refused the enrollment token" in err[0], err
 
 
+def test_a_python_without_the_agents_packages_says_how_to_run_it_and_keeps_the_token(tmp_path):
+    # the command pasted on a board whose `python` is the system's: no websockets, no torch (-S: no site-packages)
+    with FakeSite({"nano-0": "cred"}, tokens={"good": "nano-0"}) as site:
+        proc = subprocess.run([sys.executable, "-S", "-m", "workers.agent", "--server", site.http_url, "--token",
+                               "good"], cwd=ROOT, env={**os.environ, "HOME": str(tmp_path)}, capture_output=True,
+                              text=True, timeout=60)  # fmt: skip
+        assert "good" in site.tokens  # not spent: the same line works once run the right way
+    err = proc.stderr.splitlines()
+    assert proc.returncode == 2 and len(err) == 1, err
+    assert "has no websockets" in err[0] and "make agent SERVER=" in err[0] and "still unused" in err[0], err
+
+
+def test_the_pasted_make_agent_line_runs_the_agent_with_the_checkouts_python(tmp_path):
+    # the site's *Add device* line, on a shell whose `python` is not the project's (first on PATH: one that fails);
+    # the fake site's socket is on another port, so the agent is done once it enrolled
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("python", "python3"):
+        (bin_dir / name).write_text("#!/bin/sh\necho 'not the project python' >&2\nexit 1\n")
+        (bin_dir / name).chmod(0o755)
+    env = {**os.environ, "HOME": str(tmp_path), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    with FakeSite({"nano-0": "cred"}, tokens={"good": "nano-0"}) as site:
+        line = f"make -s agent SERVER={site.http_url} TOKEN=good EMULATE=nano STATE={tmp_path / 'state.json'}"
+        proc = subprocess.Popen(line.split(), cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)  # fmt: skip
+        try:
+            site.wait(lambda: (tmp_path / "state.json").exists(), 60, "the agent's enrollment")
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            code, err = finish(proc)
+    assert "good" not in site.tokens and json.loads((tmp_path / "state.json").read_text())["credential"] == "cred"
+    assert not any("Traceback" in line for line in err), err
+    missing = subprocess.run(["make", "-s", "agent"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert missing.returncode != 0 and "make agent needs SERVER=" in missing.stderr, missing.stderr
+
+
 def serve(tmp_path: Path, site: FakeSite, credential: str, *argv: str) -> subprocess.Popen:
     """An agent for the fake site's socket port, its credential already in a state file."""
     server = f"http://127.0.0.1:{site.ws_url.split(':')[2].split('/')[0]}"

@@ -271,7 +271,7 @@ def test_a_refused_credential_is_fatal(site):
     for credential, how in (("cred-revoked", "close code 4401"), ("cred-unknown", "HTTP 403")):
         agent = Agent(site.site, credential, capacity=capacity("nano-0"))
         started = time.monotonic()
-        with pytest.raises(Refused, match=f"refused this device's credential \\({how}\\).*--token NEW_TOKEN"):
+        with pytest.raises(Refused, match=f"refused this device's credential \\({how}\\).*TOKEN=NEW_TOKEN"):
             agent.run()
         assert time.monotonic() - started < 5
 

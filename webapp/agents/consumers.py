@@ -19,7 +19,7 @@ from webapp.devices.models import Device
 from webapp.devices.protocol import ProtocolError, parse
 from webapp.jobs.ending import reconcile
 from webapp.jobs.ingest import record_events
-from webapp.jobs.launching import accepted
+from webapp.jobs.launching import accepted, unanswered
 from webapp.lib.pace import Pace
 from webapp.lib.tokens import bearer
 
@@ -41,7 +41,8 @@ def _authenticate(scope) -> Device | None:
 
 
 @database_sync_to_async
-def _hello(device: Device, msg: dict) -> dict:
+def _hello(device: Device, msg: dict) -> list[dict]:
+    """The replies to a hello: `welcome`, then the `assign` the agent is owed, if any."""
     device.refresh_from_db()
     if msg["session"] != device.session:  # a new agent process numbers its events from 1 again
         if device.session:  # ... and runs nothing of what the one before it had taken part in
@@ -59,13 +60,14 @@ def _hello(device: Device, msg: dict) -> dict:
     device.save(update_fields=["session", "last_seq", "measured", "address", "last_heartbeat", "status"])
     if msg["kind"] != device.kind:
         log.warning("device %s is registered as %s but its agent reports %s", device.name, device.kind, msg["kind"])
-    return {
+    welcome = {
         "type": "welcome",
         "device": device.name,
         "id": device.pk,
         "last_seq": device.last_seq,
         "heartbeat_s": settings.ASTEROID_HEARTBEAT_S,
     }
+    return [welcome, *filter(None, [unanswered(device)])]
 
 
 @database_sync_to_async
@@ -135,7 +137,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self.send_json({"type": "clock", "t0": msg["t0"], "t1": received, "t2": time.monotonic()})
         elif msg["type"] == "hello":
             self.welcomed = True
-            await self.send_json(await _hello(self.device, msg))
+            for reply in await _hello(self.device, msg):
+                await self.send_json(reply)
         elif msg["type"] == "heartbeat":
             await _heartbeat(self.device, msg)
         elif msg["type"] == "accepted":

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from django.conf import settings
+from django.core.cache import cache
 from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_http_methods, require_POST
 
 from webapp.accounts.auth import api, error, json_object
 from webapp.devices.agents import disconnect_agent
@@ -15,9 +16,11 @@ from webapp.lib.tokens import bearer
 
 
 def agent_command(request, token: str) -> str:
-    """The line to paste on the board: it names the site's configured URL (ASTEROID_SITE_URL, from ASTEROID_HOST and
-    ASTEROID_PORT), which the boards reach, not whatever address this browser used (127.0.0.1 on the site host)."""
-    return f"python -m workers.agent --server {settings.ASTEROID_SITE_URL} --token {token}"
+    """The line to paste in the repository's directory on the board: `make agent` runs the agent with the
+    checkout's own Python (made the first time), whatever `python` the board's shell has. It names the site's
+    configured URL (ASTEROID_SITE_URL, from ASTEROID_HOST and ASTEROID_PORT), which the boards reach, not whatever
+    address this browser used (127.0.0.1 on the site host)."""
+    return f"make agent SERVER={settings.ASTEROID_SITE_URL} TOKEN={token}"
 
 
 def enrollment(request, device: Device, token: str) -> dict:
@@ -66,18 +69,45 @@ def enroll(request):
 
 
 LINK_PROBE_MAX_BYTES = 8 * 1024 * 1024  # workers.linkprobe.MAX_BYTES
+# Boards measure their links one at a time: probes at once share the site's own link (and its CPU), so each would
+# read a fraction of its rate (every agent reconnects at once after a site restart). A turn lasts this long at most.
+LINK_SLOT_S = 15
+LINK_SLOT_KEY = "asteroid:link-probe-slot"
+
+
+@csrf_exempt  # device credential, no session
+@require_http_methods(["POST", "DELETE"])
+def link_slot(request):
+    """An agent's turn to measure its link: POST takes it (429 with Retry-After while another board has it),
+    DELETE gives it back; it lapses after LINK_SLOT_S."""
+    device = Device.for_credential(bearer(request.headers.get("Authorization")))
+    if device is None:
+        return error(401, "unknown or revoked device credential")
+    holder = cache.get(LINK_SLOT_KEY)
+    if request.method == "DELETE":
+        if holder == device.pk:
+            cache.delete(LINK_SLOT_KEY)
+        return JsonResponse({"released": True})
+    if holder == device.pk or cache.add(LINK_SLOT_KEY, device.pk, LINK_SLOT_S):
+        return JsonResponse({"seconds": LINK_SLOT_S})
+    busy = error(429, "another board is measuring its link; try again shortly")
+    busy["Retry-After"] = "1"
+    return busy
 
 
 @csrf_exempt  # device credential, no session
 @require_POST
 def link_probe(request):
-    """An agent measures its link: it sends up to 8 MiB of zeros and times this answer (nothing is kept)."""
+    """An agent measures its link in its turn (link_slot): it sends up to 8 MiB of zeros and times this answer
+    (nothing is kept)."""
     device = Device.for_credential(bearer(request.headers.get("Authorization")))
     if device is None:
         return error(401, "unknown or revoked device credential")
     declared = request.headers.get("Content-Length") or "0"
     if not declared.isdigit() or int(declared) > LINK_PROBE_MAX_BYTES:
         return error(413, f"a link probe is at most {LINK_PROBE_MAX_BYTES} bytes, got {declared[:20]!r}")
+    if cache.get(LINK_SLOT_KEY) != device.pk:
+        return error(409, "measure a link in its turn: POST /api/agent/link/slot/ first")
     received = 0
     while chunk := request.read(1 << 20):  # streamed, not request.body (capped at 2.5 MB, held in memory)
         received += len(chunk)

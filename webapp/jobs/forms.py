@@ -75,6 +75,9 @@ class JobForm(forms.Form):
         if data.get("iterations") is None and data.get("epochs") is None:
             if not {"iterations", "epochs"} & set(self.errors):  # a bad value given already says what is wrong
                 self.add_error("iterations", "Give the number of iterations or of epochs.")
+        elif data.get("iterations") is not None and data.get("epochs") is not None:
+            self.add_error("epochs", f"Give iterations or epochs, not both ({data['iterations']} iterations and "
+                                     f"{data['epochs']:g} epochs): empty one of them.")  # fmt: skip
         elif data.get("epochs") is not None and data.get("batch_size") and size:
             # One epoch is a pass over the dataset's training split.
             data["iterations"] = max(1, round(data["epochs"] * size / data["batch_size"]))

@@ -57,10 +57,27 @@ def launch(job: Job) -> None:
     options = run_options(job).to_dict()
     for row in rows:
         notify(job.pk, {"type": "device", "device": row.name, "state": row.state})
-        tell_agent(
-            row.device_id, {"type": "assign", "job": job.pk, "plan": job.plan, "rank": row.rank, "options": options}
-        )
+        tell_agent(row.device_id, _assignment(job, row, options))
     job_log(job, f"launched on {len(rows)} devices ({', '.join(names)}); waiting for their agents to accept")
+
+
+def _assignment(job: Job, row: JobDevice, options: dict | None = None) -> dict:
+    options = run_options(job).to_dict() if options is None else options
+    return {"type": "assign", "job": job.pk, "plan": job.plan, "rank": row.rank, "options": options}
+
+
+def unanswered(device: Device) -> dict | None:
+    """The `assign` a (re)connecting agent is owed: its device's job waits for it to accept, and the first one may
+    have gone down a connection that was already dead (a cable pulled and plugged back while the site still
+    thought it up). The agent answers a repeated `assign` for the job it holds with `accepted` again."""
+    row = (
+        JobDevice.objects.filter(
+            device=device, accepted=False, job__status=Job.Status.RUNNING, job__started_at__isnull=True
+        )  # fmt: skip
+        .select_related("job")
+        .first()
+    )
+    return None if row is None else _assignment(row.job, row)
 
 
 def accepted(device: Device, job_id: int, port: int | None) -> None:

@@ -106,7 +106,8 @@ def job_launch(request, job_id: int):
 def job_live(request, job_id: int):
     job = _job(request, job_id)
     names = [r.name for r in JobDevice.objects.filter(job=job)] or job.device_names  # lost and added ones too
-    context = {"job": job, "devices_json": json.dumps(names), "device_names": names}
+    context = {"job": job, "devices_json": json.dumps(names), "device_names": names,
+               "has_model": model_path(job).exists()}  # fmt: skip
     if request.user.is_staff:
         context["idle_devices"] = [d.name for d in Device.objects.all() if d.available]
     return render(request, "jobs/live.html", context)
@@ -146,7 +147,9 @@ def job_model(request, job_id: int):
     job = _job(request, job_id)
     path = model_path(job)
     if not path.exists():
-        raise Http404("this job has no trained model")
+        why = "it is still running" if not job.finished else f"it {job.status} before every device uploaded its part"
+        messages.error(request, f"Job {job.pk} has no trained model: {why}.")
+        return redirect("job-live", job_id=job.pk)
     return FileResponse(open(path, "rb"), as_attachment=True, filename=f"asteroid-job{job.pk}-{job.model}.pt")
 
 
@@ -162,7 +165,8 @@ def job_trace(request, job_id: int):
         except UserError:  # stored before the site checked events: left out of the trace
             continue
     if not steps:
-        raise Http404("this job has no measured steps")
+        messages.error(request, f"Job {job.pk} has no measured steps to trace yet.")
+        return redirect("job-live", job_id=job.pk)
     trace = chrome_trace(steps, job.device_names, f"job {job.pk}: {job.plan['method']} {job.model}")
     response = HttpResponse(json.dumps(trace), content_type="application/json")
     response["Content-Disposition"] = f'attachment; filename="asteroid-job{job.pk}-trace.json"'

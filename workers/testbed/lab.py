@@ -68,10 +68,11 @@ class Lab:
         self.close()
 
     def enroll(self, name: str, kind: str, board: str) -> None:
-        """Register NAME on the site and run the agent command the site hands out on BOARD."""
+        """Register NAME on the site and run the agent command the site hands out on BOARD (its `make agent`
+        line's python, directly: terminating make would leave its agent running)."""
         made = self.api("/api/devices/", {"name": name, "kind": kind})
-        command = made["command"].split()
-        server = command[command.index("--server") + 1]  # the site's configured URL, not a browser's Host
+        words = dict(w.split("=", 1) for w in made["command"].split() if "=" in w)  # make agent SERVER=... TOKEN=...
+        server = words["SERVER"]  # the site's configured URL, not a browser's Host
         log = open(self.var / f"agent-{name}.log", "a")  # noqa: SIM115 (open while the agent runs)
         self.agents[name] = self.tb.board(board).popen(
             [sys.executable, "-m", "workers.agent", "--server", server, "--token", made["enrollment_token"],
@@ -155,9 +156,16 @@ class Lab:
         return done
 
     def reached(self, job_id: int, iteration: int, timeout: float = 240) -> dict:
-        """The running job once it finished `iteration` (0-based)."""
-        return self.wait(f"iteration {iteration + 1}", lambda: (j := self.api(f"/api/jobs/{job_id}/"))["status"] ==
-                         "running" and (j["latest"].get("iteration") or 0) >= iteration and j, timeout)  # fmt: skip
+        """The running job once it finished `iteration` (0-based); TestbedError if it ended before."""
+
+        def check():
+            job = self.api(f"/api/jobs/{job_id}/")
+            if job["finished_at"]:
+                raise TestbedError(f"job {job_id} ended ({job['status']}: {job['message']}) before iteration "
+                                   f"{iteration + 1}:\n{self.tail()}")  # fmt: skip
+            return job["status"] == "running" and (job["latest"].get("iteration") or 0) >= iteration and job
+
+        return self.wait(f"iteration {iteration + 1}", check, timeout)
 
     def ended(self, job_id: int, timeout: float = 400) -> dict:
         return self.wait(f"job {job_id} to end", lambda: (j := self.api(f"/api/jobs/{job_id}/"))["finished_at"]
