@@ -268,7 +268,10 @@ class Runner:
         elif kind == "device-error":
             seen.error = True
             ev["traceback"] = ev.get("traceback", "")[-TRACEBACK_CHARS:]
-            log.warning("job %s: device %s failed: %s", job, ev.get("device"), ev.get("message"))
+            if ev.get("cause") == "peer":  # a peer or the store gone: its coordinator decides what that means
+                log.info("job %s: device %s stopped: %s", job, ev.get("device"), ev.get("message"))
+            else:
+                log.warning("job %s: device %s failed: %s", job, ev.get("device"), ev.get("message"))
         elif kind == "device-done":
             seen.done = True
             ev["part"] = self._upload(job, ev)

@@ -40,6 +40,10 @@ Target = Callable[[object, Emit], int]
 def process_context():
     """Device processes fork from a server that imported torch and the device code once (fast starts,
     and no fork of a parent whose torch threads are already running)."""
+    # torch's C++ warnings carry a native stack trace each: a store or peer gone away (a stopping site, a lost
+    # board) printed dozens of frames per device. The same failure reaches the user as one `device-error` line;
+    # TORCH_CPP_LOG_LEVEL=WARNING (or INFO) brings them back. Read once, when the fork server imports torch.
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["engine.runtime.worker", "engine.runtime.rivals.run"])
     return ctx

@@ -918,6 +918,9 @@ def run_device(cfg: DeviceConfig, emit: Emit) -> int:
         return 0
     except Exception as exc:  # reported, not raised: the launcher or agent decides what it means
         iteration = device.iteration if device is not None else -1
+        if isinstance(exc, dist.DistNetworkError) and device is not None:  # the store's socket ("Broken pipe")
+            first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+            exc = PeerLost(f"lost the job's store ({first}): its coordinator stopped, or the network to it failed")
         emit(error_event(cfg.device_name, iteration, exc, (PeerLost, Aborted, dist.DistError)))
         return 1
     finally:

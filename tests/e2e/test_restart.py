@@ -22,8 +22,13 @@ def test_a_job_running_through_a_restart_resumes_and_completes_with_all_its_iter
         assert planned["status"] == "planned", planned["message"]
         system.api(f"/api/jobs/{job}/launch/", {})
         system.wait("iteration 3", lambda: (system.api(f"/api/jobs/{job}/")["latest"].get("iteration") or 0) >= 2, 180)
+        stopping_at = log.stat().st_size
     finally:
         stop_system(system)
+    # stopping the site mid-run says so in a few lines: no native stack traces, no device reported failed
+    stopped = log.read_bytes()[stopping_at:].decode(errors="replace")
+    assert "coordinator stopped with the site" in stopped, stopped[-3000:]
+    assert "frame #" not in stopped and "Traceback" not in stopped and " failed: " not in stopped, stopped[-3000:]
     system = start_system(env, log)  # the same port, right away: its old connections linger in TIME_WAIT
     try:
         final = system.wait("the job's end", lambda: (j := system.api(f"/api/jobs/{job}/"))["finished_at"] and j, 300)
