@@ -11,6 +11,7 @@ from webapp.devices import api as devices_api
 from webapp.devices import views as devices
 from webapp.front import views as front
 from webapp.jobs import api as jobs_api
+from webapp.jobs import history
 from webapp.jobs import views as jobs
 
 urlpatterns = [
@@ -21,13 +22,17 @@ urlpatterns = [
     path("devices/<int:device_id>/disable/", agents.device_disable, name="device-disable"),
     path("devices/<int:device_id>/enable/", devices.device_enable, name="device-enable"),
     path("devices/<int:device_id>/remove/", agents.device_remove, name="device-remove"),
-    path("jobs/", jobs.job_list, name="jobs"),
+    path("jobs/", history.job_list, name="jobs"),
+    path("jobs/compare/", history.job_compare, name="job-compare"),
     path("jobs/new/", jobs.job_new, name="job-new"),
     path("jobs/<int:job_id>/", jobs.job_detail, name="job"),
     path("jobs/<int:job_id>/replan/", jobs.job_replan, name="job-replan"),
     path("jobs/<int:job_id>/launch/", jobs.job_launch, name="job-launch"),
     path("jobs/<int:job_id>/live/", jobs.job_live, name="job-live"),
     path("jobs/<int:job_id>/cancel/", jobs.job_cancel, name="job-cancel"),
+    path("jobs/<int:job_id>/again/", history.job_again, name="job-again"),
+    path("jobs/<int:job_id>/archive/", history.job_archive, name="job-archive"),
+    path("jobs/<int:job_id>/delete/", history.job_delete, name="job-delete"),
     path("jobs/<int:job_id>/devices/<str:action>/", jobs.job_device_action, name="job-device-action"),
     path("jobs/<int:job_id>/model.pt", jobs.job_model, name="job-model"),
     path("jobs/<int:job_id>/trace.json", jobs.job_trace, name="job-trace"),

@@ -3,7 +3,8 @@
  * Needs, in the page: #live (data-ws-url, data-devices, data-predicted, data-iterations), #throughput-chart,
  * #loss-chart, #timeline-chart, #device-states (rows <tr data-device="NAME"><td>NAME</td><td class="state">),
  * #event-log (<ol>), #job-status, #job-progress, #measured-throughput, #cancel-form, and any .when-finished
- * elements (hidden until the job ends); #eval-chart only for a job that scores its held-out split. Charts need
+ * elements (hidden until the job ends); optional: #job-progress-bar, #job-eta, #predicted-throughput,
+ * #device-count(-s), #device-actions-template (staff's Remove/Kill forms for a row) and form.add-device; #eval-chart only for a job that scores its held-out split. Charts need
  * the global Plotly (static/js/plotly.min.js); without it the tables, log and status still update. Defines no
  * globals.
  */
@@ -59,6 +60,9 @@
     ganttTimer: null,
     ganttDrawnAt: 0,
     marks: [], // membership changes on the throughput chart: {x, text, color} (a loss, a recovery, a leave, a join)
+    predictions: [], // the predicted throughput of each generation's plan: {from (first iteration, 1-based), value}
+    lastIteration: -1, // the newest iteration message's number: below the iterations seen, a replay is under way
+    arrivals: [], // [performance.now(), iterations seen] at each new iteration: the pace for the ETA
   };
 
   /* ---------- small helpers ---------- */
@@ -148,6 +152,10 @@
     live.finished = true;
     const cancel = $('cancel-form');
     if (cancel) cancel.hidden = true;
+    const add = document.querySelector('form.add-device');
+    if (add) add.hidden = true;
+    document.querySelectorAll('#device-states td.actions').forEach((cell) => (cell.textContent = ''));
+    showEta(0);
     const model = $('model-link'); // only a completed run assembles a trained model
     if (model && status && status !== 'completed') model.hidden = true;
     document.querySelectorAll('.when-finished').forEach((el) => el.removeAttribute('hidden'));
@@ -157,7 +165,35 @@
     const el = $('job-progress');
     if (!el) return;
     const done = live.seen.size;
-    el.textContent = page.total ? done + ' / ' + page.total : String(done);
+    let text = page.total ? done + ' / ' + page.total : String(done);
+    // a rollback (recovery) or a resume after a site restart trains iterations again that were done already
+    if (!live.finished && live.lastIteration >= 0 && live.lastIteration + 1 < done) {
+      text += ' · replaying ' + (live.lastIteration + 1) + ' of ' + done;
+    }
+    el.textContent = text;
+    const bar = $('job-progress-bar');
+    if (bar && page.total) {
+      bar.max = page.total;
+      bar.value = Math.min(done, page.total);
+    }
+    showEta(done);
+  }
+
+  // The time left at the pace of the last iterations that arrived while this page watched (wall clock).
+  function showEta(done) {
+    const el = $('job-eta');
+    if (!el) return;
+    const recent = live.arrivals.slice(-10);
+    if (live.finished || !page.total || done >= page.total) {
+      el.textContent = '';
+      return;
+    }
+    if (recent.length < 3) return; // the server's estimate stays until the page has measured its own
+    const first = recent[0];
+    const last = recent[recent.length - 1];
+    const perIteration = (last[0] - first[0]) / 1000 / Math.max(1, last[1] - first[1]);
+    const left = perIteration * (page.total - done);
+    el.textContent = 'about ' + (left < 90 ? Math.round(left) + ' s' : Math.round(left / 60) + ' min') + ' left';
   }
 
   function showMeasuredThroughput() {
@@ -270,11 +306,20 @@
     return Array.from(byX.values()).sort((a, b) => a.x - b.x);
   }
 
+  // A step line: each generation's prediction from its first iteration on (a re-plan moves it).
   function predictedLine(lastX) {
     const end = Math.max(page.total, lastX || 0, 1);
+    const steps = live.predictions.length ? live.predictions : isNumber(page.predicted) ? [{ from: 1, value: page.predicted }] : [];
+    const x = [];
+    const y = [];
+    steps.forEach((p, i) => {
+      const until = i + 1 < steps.length ? steps[i + 1].from : end;
+      x.push(p.from, until);
+      y.push(p.value, p.value);
+    });
     return {
-      x: isNumber(page.predicted) ? [1, end] : [],
-      y: isNumber(page.predicted) ? [page.predicted, page.predicted] : [],
+      x: x,
+      y: y,
       type: 'scatter',
       mode: 'lines',
       name: 'predicted',
@@ -396,8 +441,14 @@
   }
 
   function queueIteration(msg) {
-    if (!msg || !isNumber(msg.iteration) || live.seen.has(msg.iteration)) return;
+    if (!msg || !isNumber(msg.iteration)) return;
+    live.lastIteration = msg.iteration;
+    if (live.seen.has(msg.iteration)) {
+      showProgress(); // a replayed iteration: the count stays, the replay shows
+      return;
+    }
     live.seen.add(msg.iteration);
+    live.arrivals.push([performance.now(), live.seen.size]);
     live.pending.push(toPoint(msg));
     scheduleFlush();
   }
@@ -575,12 +626,18 @@
     live.seen = new Set();
     live.points = [];
     live.pending = [];
+    live.arrivals = [];
+    live.predictions = (job.generations || [])
+      .filter((g) => isNumber(g.predicted_throughput) && g.predicted_throughput > 0)
+      .map((g) => ({ from: (g.start || 0) + 1, value: g.predicted_throughput }));
     (msg.iterations || []).forEach((it) => {
       if (!isNumber(it.iteration) || live.seen.has(it.iteration)) return;
       live.seen.add(it.iteration);
       live.points.push(toPoint(it));
     });
     live.points.sort((a, b) => a.x - b.x);
+    const newest = (msg.iterations || []).filter((it) => isNumber(it.iteration));
+    live.lastIteration = newest.length ? newest[newest.length - 1].iteration : -1;
     live.evalsPending = [];
     live.evals = mergeEvals([], (job.eval || []).filter((e) => isNumber(e.iteration)).map(toEvalPoint));
     drawLineCharts();
@@ -603,6 +660,7 @@
 
     live.finished = false;
     applyStatus(job.status, job.message);
+    refreshIdleDevices();
   }
 
   function onIteration(msg) {
@@ -641,12 +699,80 @@
   function onMembership(msg) {
     addMark(msg);
     if (msg.type === 'device-lost') setDeviceState(msg.device, 'lost');
+    if (msg.type === 'device-lost' || msg.type === 'device-left') setActions(msg.device, false);
     drawLineCharts();
+    refreshIdleDevices();
   }
 
-  function onReplan() {
+  // A new generation: its devices (the header, each row's actions), its prediction, its timeline.
+  function onReplan(msg) {
     live.steps = []; // the timeline shows the new plan's steps from its first iteration on
     drawGantt();
+    const plan = msg.plan || {};
+    const names = [];
+    (plan.stages || []).forEach((st) => (st.devices || []).forEach((d) => names.indexOf(d.name) < 0 && names.push(d.name)));
+    if (names.length) {
+      const count = $('device-count');
+      if (count) count.textContent = String(names.length);
+      const plural = $('device-count-s');
+      if (plural) plural.textContent = names.length === 1 ? '' : 's';
+      const body = $('device-states');
+      if (body) body.querySelectorAll('tr[data-device]').forEach((tr) => setActions(tr.dataset.device, names.indexOf(tr.dataset.device) >= 0));
+      names.forEach((name) => setActions(name, true));
+    }
+    if (isNumber(msg.predicted_throughput) && msg.predicted_throughput > 0) {
+      if (!live.predictions.length && isNumber(page.predicted)) live.predictions.push({ from: 1, value: page.predicted });
+      live.predictions.push({ from: (msg.start || 0) + 1, value: msg.predicted_throughput });
+      const shown = $('predicted-throughput');
+      if (shown) shown.textContent = msg.predicted_throughput.toFixed(1);
+    }
+    drawLineCharts();
+    refreshIdleDevices();
+  }
+
+  // Staff's Remove/Kill buttons on a device's row: only while it trains in the job.
+  function setActions(name, active) {
+    const template = $('device-actions-template');
+    const row = deviceRow(name);
+    if (!template || !row) return;
+    let cell = row.querySelector('td.actions');
+    if (!cell) {
+      cell = document.createElement('td');
+      cell.className = 'actions';
+      row.appendChild(cell);
+    }
+    if (!active || live.finished) {
+      cell.textContent = '';
+      return;
+    }
+    if (cell.querySelector('form')) return;
+    cell.appendChild(template.content.cloneNode(true));
+    cell.querySelectorAll('input[name=device]').forEach((input) => (input.value = name));
+    cell.querySelectorAll('button[data-device]').forEach((button) => (button.dataset.device = name));
+  }
+
+  // The Add list: devices online and in no job, as the devices API says now (staff only).
+  function refreshIdleDevices() {
+    const form = document.querySelector('form.add-device');
+    if (!form || live.finished) return;
+    fetch('/api/devices/', { credentials: 'same-origin', headers: { Accept: 'application/json' } })
+      .then((r) => (r.ok ? r.json() : null))
+      .then((doc) => {
+        if (!doc || !Array.isArray(doc.devices)) return;
+        const idle = doc.devices.filter((d) => d.status === 'online' && !d.job).map((d) => d.name);
+        const select = form.elements.device;
+        const button = form.querySelector('button');
+        select.textContent = '';
+        idle.forEach((name) => select.appendChild(new Option(name, name)));
+        if (!idle.length) {
+          const none = new Option('no idle device', '');
+          none.disabled = true;
+          none.selected = true;
+          select.appendChild(none);
+        }
+        if (button) button.disabled = !idle.length;
+      })
+      .catch(() => {});
   }
 
   function onLog(msg) {
@@ -741,13 +867,14 @@
 
   /* ---------- staff's device actions (remove, add, kill), without leaving the page ---------- */
 
-  // A form.device-action posts to the JSON API instead (the page keeps its charts); its inline onsubmit asked
-  // for confirmation first. Without this script the form posts to the page's own view.
+  // A form.device-action posts to the JSON API instead (the page keeps its charts), once its data-confirm
+  // question is answered. Without this script the form posts to the page's own view.
   function onDeviceAction(event) {
     const form = event.target.closest('form.device-action');
     if (!form || event.defaultPrevented) return;
     event.preventDefault();
     const device = form.elements.device ? form.elements.device.value : '';
+    if (form.dataset.confirm && !window.confirm(form.dataset.confirm.replace('{device}', device))) return;
     const token = form.elements.csrfmiddlewaretoken ? form.elements.csrfmiddlewaretoken.value : '';
     const url = page.wsUrl.replace('/ws/jobs/', '/api/jobs/') + form.dataset.action + '/';
     const say = (text) => {

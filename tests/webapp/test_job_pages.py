@@ -108,7 +108,8 @@ global.window = { addEventListener() {}, Plotly: {
   extendTraces: (div, update, traces) => calls.push({ how: 'extend', div: div.id, update, traces }),
 } };
 global.Plotly = window.Plotly;
-global.document = { readyState: 'complete', getElementById: (id) => page[id] || null, querySelectorAll: () => [] };
+global.document = { readyState: 'complete', getElementById: (id) => page[id] || null, querySelectorAll: () => [],
+                    querySelector: () => null };
 global.location = { protocol: 'http:', host: '127.0.0.1:8000' };
 global.setTimeout = (fn) => timers.push(fn);
 global.clearTimeout = () => {};

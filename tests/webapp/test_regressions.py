@@ -237,7 +237,8 @@ const page = {
 const sockets = [], timers = [], drawn = [];
 global.window = { Plotly: { react: (div, data, layout) => drawn.push({ data, layout }) }, addEventListener() {} };
 global.Plotly = window.Plotly;
-global.document = { readyState: 'complete', getElementById: (id) => page[id] || null, querySelectorAll: () => [] };
+global.document = { readyState: 'complete', getElementById: (id) => page[id] || null, querySelectorAll: () => [],
+                    querySelector: () => null };
 global.location = { protocol: 'http:', host: '127.0.0.1:8000' };
 global.setTimeout = (fn) => timers.push(fn);
 global.clearTimeout = () => {};

@@ -326,6 +326,8 @@ def coordinate(job_id: int, ready: threading.Event | None = None, registry: dict
     Job.objects.filter(pk=job.pk).update(generations=[*job.generations, first])
     _move(job, Job.Status.RECOVERING, Job.Status.RUNNING, "training (resumed)")
     if job.generations:  # a coordinator ran this job before: the site restarted
+        for name in job.device_names:  # their device processes start again (what they trained is in the replica)
+            _device_state(job, name, JobDevice.State.STARTING)
         where = "its central replica" if coordinator.resume is not None else "the seed: no central replica yet"
         job_log(job, f"the site restarted: the run resumes from iteration {at} ({where})", "warning")
     if registry is not None:

@@ -36,7 +36,8 @@ def finish(job: Job) -> None:
     summary = f"{len(iterations)} iterations"
     if measured and job.predicted_throughput:
         summary += f"; measured {measured:.1f} samples/s against {job.predicted_throughput:.1f} predicted"
-    set_status(job, Job.Status.COMPLETED, summary, 1.0, finished_at=timezone.now())
+    latest = {**job.latest, "measured_throughput": measured} if measured else job.latest  # the list's, the page's
+    set_status(job, Job.Status.COMPLETED, summary, 1.0, finished_at=timezone.now(), latest=latest)
     release(Device.objects.filter(job=job))
     job_log(job, f"completed: {summary}")
     after(lambda: _assemble(job))

@@ -355,3 +355,24 @@ def _step_hover(s: dict) -> str:
         f"{head}<br>stage {_esc(s.get('stage'))}, iteration {_esc(s.get('iteration', 0))}<br>"
         f"{s['start'] * 1000:.2f} – {s['end'] * 1000:.2f} ms ({(s['end'] - s['start']) * 1000:.2f} ms)"
     )
+
+
+COMPARED = ("#2d5bd7", "#e07b39", "#1f8a4c", "#c53030", "#805ad5", "#5b6475")  # one colour per compared job
+
+
+def compare_figures(series: list[dict]) -> dict[str, dict]:
+    """Jobs compared (`series`: [{name, iterations: [iteration messages]}]): throughput and loss per iteration."""
+    out = {}
+    for metric, title, axis in (("throughput", "Throughput", "samples/s"), ("loss", "Training loss", "loss")):
+        fig = go.Figure()
+        for k, s in enumerate(series):
+            its = [it for it in s["iterations"] if isinstance(it.get(metric), (int, float))]
+            fig.add_trace(go.Scatter(
+                x=[it["iteration"] + 1 for it in its], y=[it[metric] for it in its], mode="lines+markers",
+                name=_esc(s["name"]), line={"color": COMPARED[k % len(COMPARED)], "width": 2}, marker={"size": 4},
+                hovertemplate=f"{_esc(s['name'])}, iteration %{{x}}: %{{y:.4g}} {axis}<extra></extra>",
+            ))  # fmt: skip
+        y = _axis(axis, rangemode="tozero" if metric == "throughput" else "normal")
+        fig.update_layout(_layout(title, height=340, xaxis=_axis("iteration", rangemode="tozero"), yaxis=y))
+        out[metric] = _plain(fig)
+    return out

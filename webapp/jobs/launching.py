@@ -95,4 +95,6 @@ def accepted(device: Device, job_id: int, port: int | None) -> None:
         started_at=timezone.now(), message="training"
     ):
         return  # another agent's acceptance already started it
+    training = {"type": "status", "status": Job.Status.RUNNING, "progress": row.job.progress, "message": "training"}
+    notify(job_id, training)  # the page's "waiting for the devices to accept" ends here
     job_log(row.job, f"all {len(rows)} devices accepted; the coordinator starts their device processes")

@@ -65,6 +65,7 @@ class Job(models.Model):
     launched_at = models.DateTimeField(null=True, blank=True)  # devices were assigned
     started_at = models.DateTimeField(null=True, blank=True)  # every device accepted; `start` was sent
     finished_at = models.DateTimeField(null=True, blank=True)
+    archived = models.BooleanField(default=False, db_index=True)  # kept, but out of the job list unless asked for
 
     class Meta:
         ordering = ["-created_at"]
@@ -101,6 +102,29 @@ class Job(models.Model):
     def predicted_throughput(self) -> float | None:
         plan = self.plan_object
         return plan.predicted.expected_throughput if plan and plan.predicted else None
+
+    @property
+    def measured(self) -> float | None:
+        """Measured samples/s: the median iteration of the run so far, as the engine reports it with every
+        iteration (engine.metrics.measured_throughput); a completed job's is its summary's."""
+        value = (self.latest or {}).get("measured_throughput")
+        return value if isinstance(value, (int, float)) else None
+
+    @property
+    def done_iterations(self) -> int:
+        iteration = (self.latest or {}).get("iteration")
+        return iteration + 1 if isinstance(iteration, int) else 0
+
+    @property
+    def eta_s(self) -> float | None:
+        """Seconds until a running job's last iteration at its pace so far (wall clock since it started), or None."""
+        done = self.done_iterations
+        if self.status not in self.ACTIVE or self.started_at is None or not 0 < done < self.iterations:
+            return None
+        from django.utils import timezone
+
+        elapsed = (timezone.now() - self.started_at).total_seconds()
+        return elapsed / done * (self.iterations - done)
 
     @property
     def eval_records(self) -> list[dict]:
@@ -142,6 +166,9 @@ class Job(models.Model):
                 for m, p in (self.comparison or {}).items()
             },
             "latest": self.latest,
+            "measured_throughput": self.measured,
+            "eta_s": self.eta_s,
+            "archived": self.archived,
             "eval": self.eval_records,
             "created_at": self.created_at.isoformat() if self.created_at else None,
             "started_at": self.started_at.isoformat() if self.started_at else None,

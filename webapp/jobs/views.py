@@ -1,4 +1,4 @@
-"""Job pages: new job, history, plan (with launch and re-plan), live view, cancel, downloads."""
+"""Job pages: new job, plan (with launch and re-plan), live view, cancel, downloads."""
 
 from __future__ import annotations
 
@@ -18,16 +18,11 @@ from webapp.jobs import actions, ending, figures, launching, rows
 from webapp.jobs.artifacts import model_path
 from webapp.jobs.forms import JobForm
 from webapp.jobs.models import Job, JobDevice, JobEvent, read_plan
-from webapp.jobs.submit import REQUEST, submit, visible_job, visible_jobs
+from webapp.jobs.submit import REQUEST, submit, visible_job
 
 
 def _job(request, job_id: int) -> Job:
     return visible_job(request.user, job_id)
-
-
-@login_required
-def job_list(request):
-    return render(request, "jobs/list.html", {"jobs": visible_jobs(request.user)[:200]})
 
 
 @login_required
@@ -105,8 +100,11 @@ def job_launch(request, job_id: int):
 @login_required
 def job_live(request, job_id: int):
     job = _job(request, job_id)
-    names = [r.name for r in JobDevice.objects.filter(job=job)] or job.device_names  # lost and added ones too
+    rows = list(JobDevice.objects.filter(job=job))
+    names = [r.name for r in rows] or job.device_names  # lost and added ones too
+    gone = {r.name for r in rows if r.state in (JobDevice.State.LOST, JobDevice.State.LEFT)}
     context = {"job": job, "devices_json": json.dumps(names), "device_names": names,
+               "active_devices": [n for n in job.device_names if n not in gone],
                "has_model": model_path(job).exists()}  # fmt: skip
     if request.user.is_staff:
         context["idle_devices"] = [d.name for d in Device.objects.all() if d.available]
