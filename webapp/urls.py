@@ -4,7 +4,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import path, re_path
 
-from webapp.accounts import api_errors
+from webapp.accounts import api_errors, users
 from webapp.accounts import views as accounts
 from webapp.agents import views as agents
 from webapp.devices import api as devices_api
@@ -38,6 +38,9 @@ urlpatterns = [
     path("jobs/<int:job_id>/trace.json", jobs.job_trace, name="job-trace"),
     path("profile/", accounts.profile, name="profile"),
     path("profile/tokens/<int:token_id>/revoke/", accounts.revoke, name="token-revoke"),
+    path("users/", users.users, name="users"),
+    path("users/invitations/<int:invitation_id>/revoke/", users.revoke_invitation, name="invitation-revoke"),
+    path("accounts/join/<str:token>/", users.join, name="join"),
     path("api/devices/", devices_api.devices),
     path("api/devices/<int:device_id>/token/", devices_api.token),
     path("api/jobs/", jobs_api.jobs),

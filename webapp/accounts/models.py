@@ -1,4 +1,5 @@
-"""Personal API tokens: `Authorization: Bearer TOKEN` for scripts; only the hash is stored."""
+"""Personal API tokens (`Authorization: Bearer TOKEN` for scripts) and invitations of new users; only hashes are
+stored."""
 
 from __future__ import annotations
 
@@ -44,3 +45,53 @@ class ApiToken(models.Model):
         if row.last_used_at is None or (now - row.last_used_at).total_seconds() > 60:  # not one write per request
             cls.objects.filter(pk=row.pk).update(last_used_at=now)
         return row.user
+
+
+INVITE_PREFIX = "ast_invite"
+INVITE_DAYS = 7
+
+
+class Invitation(models.Model):
+    """A one-time link for a new user to choose a username and password; only its hash is stored."""
+
+    token_hash = models.CharField(max_length=64, unique=True)
+    staff = models.BooleanField(default=False, help_text="The new user may add devices and act on every job.")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    used_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                related_name="+")  # fmt: skip
+    used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"invitation {self.pk} ({'used' if self.used_at else 'open'})"
+
+    @property
+    def open(self) -> bool:
+        return self.used_at is None and self.expires_at > timezone.now()
+
+    @classmethod
+    def issue(cls, by, staff: bool = False) -> tuple[Invitation, str]:
+        """A new invitation, valid for INVITE_DAYS; returns the row and its token, which is shown once."""
+        token = new_token(INVITE_PREFIX)
+        expires = timezone.now() + timezone.timedelta(days=INVITE_DAYS)
+        row = cls.objects.create(token_hash=token_hash(token), staff=staff, created_by=by, expires_at=expires)
+        return row, token
+
+    @classmethod
+    def find(cls, token: str) -> Invitation | None:
+        """The open invitation of `token`, or None (unknown, used, expired)."""
+        row = cls.objects.filter(token_hash=token_hash(token)).first()
+        return row if row is not None and row.open else None
+
+    def accept(self, user) -> bool:
+        """Mark it used by `user` (who gets staff status if it grants it); False if someone used it first."""
+        claimed = type(self).objects.filter(pk=self.pk, used_at__isnull=True).update(used_at=timezone.now(),
+                                                                                     used_by=user)  # fmt: skip
+        if claimed and self.staff:
+            user.is_staff = True
+            user.save(update_fields=["is_staff"])
+        return bool(claimed)
