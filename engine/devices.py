@@ -124,6 +124,12 @@ class Cluster:
     name: str = "custom"
     _index: dict = field(default=None, init=False, repr=False, compare=False)  # type: ignore[assignment]
 
+    @property
+    def label(self) -> str:
+        """How messages name it: `cluster 'C'`, or for a cluster of no name (the site's devices) "the N devices"."""
+        n = len(self.devices)
+        return f"cluster {self.name!r}" if self.name else f"the {n} device{'s' if n != 1 else ''} given"
+
     def __post_init__(self) -> None:
         if not self.devices:
             raise UserError("a cluster needs at least one device")

@@ -2,7 +2,9 @@
 
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
+from django.templatetags.static import static
 from django.urls import path, re_path
+from django.views.generic import RedirectView
 
 from webapp.accounts import api_errors, users
 from webapp.accounts import views as accounts
@@ -15,6 +17,7 @@ from webapp.jobs import history
 from webapp.jobs import views as jobs
 
 urlpatterns = [
+    path("favicon.ico", RedirectView.as_view(url=static("favicon.svg"))),  # what browsers ask for unprompted
     path("", front.home, name="home"),
     path("devices/", devices.device_list, name="devices"),
     path("devices/add/", devices.device_add, name="device-add"),

@@ -452,7 +452,7 @@ def _optimise(problem: Problem, searches: list[_Search], progress: bool, upper: 
         if bound >= hi:
             raise NoFeasiblePlan(
                 f"model {problem.workload.model!r} at batch size {problem.batch_size} does not fit in the memory "
-                f"of cluster {problem.cluster.name!r}"
+                f"of {problem.cluster.label}"
             )
         lo = bound
 

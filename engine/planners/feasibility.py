@@ -14,17 +14,18 @@ class Infeasible:
 
     model: str
     batch_size: int
-    cluster: str
+    cluster: str  # its name
     method: str
     state_bytes: int  # weights, gradients and optimizer state, before any activation
     usable_bytes: int  # every device's usable memory, together
     fitting_batch_size: int | None  # the largest batch size (halving from batch_size) that fits; None: not even 1
+    where: str = ""  # how messages name the cluster (Cluster.label)
 
     @property
     def summary(self) -> str:
         """What does not fit, with the numbers; the advice (the batch size to ask for) is the front end's."""
         return (
-            f"model {self.model!r} at batch size {self.batch_size} does not fit in cluster {self.cluster!r} "
+            f"model {self.model!r} at batch size {self.batch_size} does not fit in {self.where or repr(self.cluster)} "
             f"with method {self.method} (weights, gradients and optimizer state take {self.state_bytes / GIB:.2f} "
             f"GiB before activations; the devices have {self.usable_bytes / GIB:.2f} GiB usable in all)"
         )
@@ -51,4 +52,5 @@ def diagnose(problem: Problem, method: str) -> Infeasible:
         state_bytes=w.static_bytes(0, w.num_layers),
         usable_bytes=sum(d.memory_bytes for d in cluster.devices),
         fitting_batch_size=fitting,
+        where=cluster.label,
     )

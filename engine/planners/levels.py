@@ -36,7 +36,7 @@ def plan_compressed(
     if best is None:
         raise NoFeasiblePlan(
             f"{method}: model {problem.workload.model!r} at batch size {problem.batch_size} does not fit in the "
-            f"memory of cluster {problem.cluster.name!r}"
+            f"memory of {problem.cluster.label}"
         )
     return refine(best, problem, (OFF, *allowed))
 

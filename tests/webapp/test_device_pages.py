@@ -130,3 +130,19 @@ def test_a_probed_device_is_marked_on_the_list(client, bob):
     client.force_login(bob)
     rows = {r.split("</td>")[0].rsplit(">", 1)[1]: r for r in client.get("/devices/").content.decode().split("<tr")[1:]}
     assert ">probed</span>" in rows["orin-0"] and "probed" not in rows["nano-0"]
+
+
+def test_the_devices_page_rereads_its_rows_with_new_devices_and_enrollments(client, alice):
+    client.force_login(alice)
+    page = client.get("/devices/").content.decode()
+    assert 'id="device-table"' in page and "?rows=1" in page
+    device = Device.objects.create(name="nano-new", kind="jetson-nano")
+    token = device.issue_enrollment()
+    rows = client.get("/devices/?rows=1").content.decode()
+    assert "<html" not in rows and f'data-device-id="{device.pk}"' in rows and "not enrolled" in rows
+    Device.enroll(token)
+    Device.objects.filter(pk=device.pk).update(measured={"link_mbps": 19.5})
+    rows = client.get("/devices/?rows=1").content.decode()
+    assert "not enrolled" not in rows and ">20</td>" in rows  # its measured link
+    device.delete()
+    assert "nano-new" not in client.get("/devices/?rows=1").content.decode()

@@ -90,3 +90,11 @@ def test_static_css_is_served_by_the_asgi_app():
     status, body = async_to_sync(get)("/static/vendor/plotly/plotly.min.js")  # from the plotly package, no CDN
     assert status == 200
     assert b"plotly.js" in body[:2000]
+
+
+def test_the_favicon_is_served(client):
+    from django.contrib.staticfiles import finders
+
+    response = client.get("/favicon.ico")
+    assert response.status_code == 302 and response["Location"] == "/static/favicon.svg"
+    assert finders.find("favicon.svg")  # what the site's static handler serves there

@@ -135,7 +135,9 @@ def test_a_job_that_does_not_fit_fails_with_the_reason(bob, profile_cache, djang
         job_id = client.post("/api/jobs/", body, content_type="application/json").json()["id"]
     doc = client.get(f"/api/jobs/{job_id}/").json()
     assert doc["status"] == "failed"
-    assert "does not fit in cluster" in doc["message"] and "GiB usable in all" in doc["message"], doc["message"]
+    assert "does not fit in the 1 device given" in doc["message"] and "GiB usable in all" in doc["message"], doc[
+        "message"
+    ]
 
 
 def test_launch_assigns_every_device_and_cancel_frees_them(planned, bob):

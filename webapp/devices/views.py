@@ -17,7 +17,9 @@ from webapp.devices.models import Device
 
 @login_required
 def device_list(request):
-    return render(request, "devices/list.html", {"devices": Device.objects.select_related("job")})
+    """The devices; `?rows=1` is the table alone, which the page re-reads every few seconds."""
+    template = "devices/_table.html" if request.GET.get("rows") == "1" else "devices/list.html"
+    return render(request, template, {"devices": Device.objects.select_related("job")})
 
 
 @staff_member_required

@@ -48,7 +48,7 @@ def plan_all(
     from engine.workloads import workload
 
     devices = tuple(d.to_engine(bandwidth_mbps) for d in devices)  # a board measured on a slow link has its own
-    cluster = Cluster(devices, bandwidth_mbps=bandwidth_mbps, name="registered")
+    cluster = Cluster(devices, bandwidth_mbps=bandwidth_mbps, name="")  # messages say "the N devices given"
     progress(0.0, f"profiling {model} (cached after the first job)")
     w = workload(model, cluster=cluster)
     problem = Problem(w, cluster, batch_size)

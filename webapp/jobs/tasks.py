@@ -47,7 +47,8 @@ def plan_job(job_id: int) -> str:
     job.plan = result["plan"]
     predicted = job.predicted_throughput
     set_status(job, Job.Status.PLANNED, f"planned: {predicted:.1f} samples/s predicted", 1.0)
-    job_log(job, f"planned on {len(job.device_names)} devices: {predicted:.1f} samples/s predicted")
+    n = len(job.device_names)
+    job_log(job, f"planned on {n} device{'s' if n != 1 else ''}: {predicted:.1f} samples/s predicted")
     return "planned"
 
 
