@@ -102,9 +102,13 @@ class Runner:
 
         job = msg.get("job")
         with self._lock:
+            if self._job is not None and self._job == job:  # the site asked again (our reply was lost in a reconnect)
+                return {"type": "accepted", "job": job, "port": self._port}
+            ending = self._thread if self._job is not None and self._stop_reason is not None else None
+        if ending is not None:  # a job the site cancelled a moment ago and already freed this device of: its
+            ending.join(KILL_AFTER_S + 5)  # process is on its way out (KILL_AFTER_S at most)
+        with self._lock:
             if self._job is not None:
-                if self._job == job:  # the site asked again (our reply was lost in a reconnect)
-                    return {"type": "accepted", "job": job, "port": self._port}
                 raise UserError(f"this device is busy with job {self._job}")
         rank = msg.get("rank")
         if type(rank) is not int:

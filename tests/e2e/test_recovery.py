@@ -146,6 +146,17 @@ def test_a_staff_member_kills_a_device_from_the_live_page_and_watches_the_recove
         expect(page.locator("#event-log")).to_contain_text("recovered:", timeout=120_000)
         marks = "() => (document.getElementById('throughput-chart').layout.shapes || []).length"
         page.wait_for_function(f"{marks} >= 2")  # the loss and the recovery
+        # the page follows the new plan without a reload: the header, the buttons, the prediction, the Add list
+        now = system.api(f"/api/jobs/{job['id']}/")
+        survivors = {d["name"] for st in now["plan"]["stages"] for d in st["devices"]}
+        expect(page.locator("#device-count")).to_have_text(str(len(survivors)))
+        expect(page.locator(f'#device-states tr[data-device="{victim}"] form')).to_have_count(0)
+        for name in survivors:
+            expect(page.locator(f'#device-states tr[data-device="{name}"] form.kill-device')).to_have_count(1)
+        steps = "() => document.getElementById('throughput-chart').data[1].x.length"
+        page.wait_for_function(f"{steps} >= 4")  # the first plan's prediction, then the new one's
+        idle = page.locator("form.add-device select option", has_text=victim)
+        expect(idle).to_have_count(1, timeout=30_000)  # its agent lives on: free to be added back
         page.screenshot(path=str(shots / "recovery.png"), full_page=True)
         expect(page.locator("#job-status")).to_have_text("completed", timeout=240_000)
         seen = page.evaluate("() => window.seenStatuses")

@@ -160,3 +160,51 @@ def test_the_live_page_draws_held_out_scores_then_appends_new_ones(tmp_path, fir
         {"how": "extend", "div": "eval-chart", "update": {"x": [[4]], "y": [[shown[1]]], "customdata": [[256]]},
          "traces": [0]},
     ]  # fmt: skip
+
+
+PROGRESS_PAGE = r"""
+const fs = require('fs');
+const element = (id, dataset) => ({ id, dataset: dataset || {}, textContent: '', classList: new Set() });
+const page = { live: element('live', { wsUrl: '/ws/jobs/1/', devices: '[]', predicted: '0', iterations: '40' }),
+               'job-progress': element('job-progress'), 'job-progress-bar': element('job-progress-bar'),
+               'job-eta': element('job-eta') };
+const sockets = [];
+global.window = { addEventListener() {} };
+global.document = { readyState: 'complete', getElementById: (id) => page[id] || null, querySelectorAll: () => [],
+                    querySelector: () => null };
+global.location = { protocol: 'http:', host: '127.0.0.1:8000' };
+const timers = [];
+global.setTimeout = (fn) => timers.push(fn);
+global.clearTimeout = () => {};
+global.WebSocket = class {
+  constructor() { this.on = {}; sockets.push(this); }
+  addEventListener(kind, fn) { this.on[kind] = fn; }
+};
+eval(fs.readFileSync(process.argv[2], 'utf8'));
+const it = (k) => ({ type: 'iteration', iteration: k, loss: 1.0, iteration_s: 0.1, throughput: 80.0 });
+const send = (msg) => sockets[0].on.message({ data: JSON.stringify(msg) });
+const shown = [];
+send({ type: 'snapshot', job: { status: 'running', iterations: 40 }, iterations: [...Array(19).keys()].map(it),
+       steps: [], devices: {}, log: [] });
+shown.push([page['job-progress'].textContent, page['job-progress-bar'].value]);
+send(it(0));  // the site restarted: the run replays from its central replica at iteration 0
+send(it(5));
+shown.push([page['job-progress'].textContent, page['job-progress-bar'].value]);
+send(it(18));
+send(it(19));  // past where it was: new ground
+timers.splice(0).forEach((fn) => fn());  // the charts' flush
+shown.push([page['job-progress'].textContent, page['job-progress-bar'].value]);
+console.log(JSON.stringify(shown));
+"""
+
+
+def test_the_live_page_says_a_resumed_run_is_replaying_and_where(tmp_path):
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed")
+    harness = tmp_path / "progress_page.js"
+    harness.write_text(PROGRESS_PAGE)
+    out = subprocess.run([node, str(harness), str(ROOT / "static/js/live.js")], capture_output=True, text=True,
+                         timeout=30)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == [["19 / 40", 19], ["19 / 40 · replaying 6 of 19", 19], ["20 / 40", 20]]

@@ -245,6 +245,19 @@ def test_cancel_stops_the_device_process_and_reports_job_stopped(site, agents):
     )
 
 
+def test_a_job_assigned_right_after_a_cancel_waits_for_the_cancelled_process_and_is_accepted(site, agents):
+    # the site frees a cancelled job's devices at once and may hand them the next job before they have stopped
+    old, pid = start_solo(site, "nano-1", iterations=1000)
+    site.send("nano-1", {"type": "cancel", "job": old})
+    new = next(jobs)
+    assign(site, new, solo_plan("nano-1"), "nano-1")
+    site.wait(lambda: accepted(site, "nano-1", new), KILL_AFTER_S + 10, "the new job accepted")
+    assert not alive(pid)
+    site.wait(lambda: site.events("nano-1", "job-stopped", old), 5, "the cancelled job's job-stopped")
+    assert not site.events("nano-1", "job-stopped", new)  # not refused as busy
+    site.send("nano-1", {"type": "cancel", "job": new})
+
+
 def test_a_device_process_that_dies_is_reported_as_its_own_failure(site, agents):
     job, pid = start_solo(site, "nx-0", iterations=1000)
     os.kill(pid, signal.SIGKILL)
