@@ -32,6 +32,7 @@ urlpatterns = [
     path("jobs/<int:job_id>/replan/", jobs.job_replan, name="job-replan"),
     path("jobs/<int:job_id>/launch/", jobs.job_launch, name="job-launch"),
     path("jobs/<int:job_id>/live/", jobs.job_live, name="job-live"),
+    path("jobs/<int:job_id>/planned.json", jobs.job_planned, name="job-planned"),
     path("jobs/<int:job_id>/cancel/", jobs.job_cancel, name="job-cancel"),
     path("jobs/<int:job_id>/again/", history.job_again, name="job-again"),
     path("jobs/<int:job_id>/archive/", history.job_archive, name="job-archive"),

@@ -63,6 +63,7 @@
     predictions: [], // the predicted throughput of each generation's plan: {from (first iteration, 1-based), value}
     lastIteration: -1, // the newest iteration message's number: below the iterations seen, a replay is under way
     arrivals: [], // [performance.now(), iterations seen] at each new iteration: the pace for the ETA
+    planned: {}, // the current plan's compute per device and iteration (s), from /jobs/<id>/planned.json
   };
 
   /* ---------- small helpers ---------- */
@@ -210,6 +211,46 @@
     el.title = 'median iteration of the run so far (the first left out), samples/s';
   }
 
+  /* ---------- each device's speed: its measured compute against the plan's ---------- */
+
+  function fetchPlanned() {
+    const url = page.wsUrl.replace('/ws/jobs/', '/jobs/').replace(/\/$/, '') + '/planned.json';
+    fetch(url, { credentials: 'same-origin', headers: { Accept: 'application/json' } })
+      .then((r) => (r.ok ? r.json() : null))
+      .then((doc) => {
+        if (!doc || !doc.planned_s) return;
+        live.planned = doc.planned_s;
+        showSpeeds();
+      })
+      .catch(() => {});
+  }
+
+  // A device's forward and backward time in the newest iteration it finished (the one before the newest seen,
+  // or the newest once the job ended), against its planned time: 100 % is as planned, 25 % four times slower.
+  function showSpeeds() {
+    const busy = {};
+    let newest = -Infinity;
+    live.steps.forEach((s) => {
+      if (isNumber(s.iteration) && s.iteration > newest) newest = s.iteration;
+    });
+    const iteration = live.finished ? newest : newest - 1;
+    live.steps.forEach((s) => {
+      if (s.iteration !== iteration || (s.kind !== 'F' && s.kind !== 'B') || !isNumber(s.end - s.start)) return;
+      busy[s.device] = (busy[s.device] || 0) + (s.end - s.start);
+    });
+    Object.keys(live.planned).forEach((name) => {
+      const row = deviceRow(name);
+      const cell = row && row.querySelector('td.speed');
+      const planned = live.planned[name];
+      if (!cell || !(busy[name] > 0) || !(planned > 0)) return;
+      const ratio = planned / busy[name];
+      cell.textContent = Math.round(ratio * 100) + ' %';
+      cell.title = 'iteration ' + (iteration + 1) + ': computed ' + busy[name].toFixed(3) + ' s against '
+        + planned.toFixed(3) + ' s planned';
+      cell.classList.toggle('slow', ratio < 0.67);
+    });
+  }
+
   function deviceRow(name) {
     const body = $('device-states');
     if (!body) return null;
@@ -221,7 +262,10 @@
     nameCell.textContent = name;
     const stateCell = document.createElement('td');
     stateCell.className = 'state';
-    tr.append(nameCell, stateCell);
+    const speedCell = document.createElement('td');
+    speedCell.className = 'speed num';
+    speedCell.textContent = '–';
+    tr.append(nameCell, stateCell, speedCell);
     body.appendChild(tr);
     return tr;
   }
@@ -573,6 +617,7 @@
   function drawGantt() {
     live.ganttTimer = null;
     live.ganttDrawnAt = Date.now();
+    showSpeeds();
     const div = $('timeline-chart');
     if (!div || !hasPlotly()) return;
     const steps = live.steps;
@@ -708,6 +753,7 @@
   function onReplan(msg) {
     live.steps = []; // the timeline shows the new plan's steps from its first iteration on
     drawGantt();
+    fetchPlanned(); // the speed column measures against the new plan
     const plan = msg.plan || {};
     const names = [];
     (plan.stages || []).forEach((st) => (st.devices || []).forEach((d) => names.indexOf(d.name) < 0 && names.push(d.name)));
@@ -902,6 +948,7 @@
     showProgress();
     drawLineCharts();
     drawGantt();
+    fetchPlanned();
     window.addEventListener('pagehide', leave);
     window.addEventListener('pageshow', (event) => {
       if (event.persisted && live.leaving) {

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import warnings
 from pathlib import Path
@@ -104,6 +105,10 @@ def test_a_user_plans_launches_and_watches_a_job_in_chromium(system, tmp_path, m
         page.wait_for_function(f"{points} >= {JOB['iterations']}")
         expect(page.locator("#cancel-form")).to_be_hidden()
         expect(page.locator("#download-model")).to_be_visible()
+        speeds = page.locator("#device-states td.speed")  # each device's compute against the plan's
+        expect(speeds).to_have_count(len(page.locator("#device-states tr").all()))
+        for k in range(speeds.count()):
+            expect(speeds.nth(k)).to_have_text(re.compile(r"^\d+ %$"))
         assert page.locator("#event-log li").count() >= 3
         page.screenshot(path=str(shots / "live.png"), full_page=True)
 

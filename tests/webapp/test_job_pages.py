@@ -208,3 +208,19 @@ def test_the_live_page_says_a_resumed_run_is_replaying_and_where(tmp_path):
                          timeout=30)  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == [["19 / 40", 19], ["19 / 40 · replaying 6 of 19", 19], ["20 / 40", 20]]
+
+
+def test_the_live_page_measures_each_device_against_its_planned_compute(
+    client, bob, carol, cluster_c, profile_cache, django_capture_on_commit_callbacks
+):
+    client.force_login(bob)
+    body = {"model": "mobilenetv2", "dataset": "synthetic", "batch_size": 64, "iterations": 5, "lr": 0.05,
+            "bandwidth_mbps": 1000}  # fmt: skip
+    with django_capture_on_commit_callbacks(execute=True):
+        client.post("/jobs/new/", body)
+    job = Job.objects.get()
+    planned = client.get(f"/jobs/{job.pk}/planned.json").json()["planned_s"]
+    assert set(planned) == set(job.device_names) and all(s > 0 for s in planned.values())
+    assert 'class="speed num"' in client.get(f"/jobs/{job.pk}/live/").content.decode()
+    client.force_login(carol)
+    assert client.get(f"/jobs/{job.pk}/planned.json").status_code == 404

@@ -78,3 +78,13 @@ def infeasible_message(why: Infeasible) -> str:
         return f"{why.summary}; it does not fit even at batch size 1"
     n = why.fitting_batch_size
     return f"{why.summary}; the largest batch size that fits is about {n}: try batch size {n}"
+
+
+def planned_compute(plan: Plan) -> dict[str, float]:
+    """Each device's planned compute (forward and backward) in one iteration of `plan`, in seconds: what the
+    live page measures its steps against (the coordinator's drift check does the same, engine.runtime)."""
+    from engine.steps import device_steps
+    from engine.workloads import workload
+
+    w = workload(plan.model, cluster=plan.cluster)  # the profile its planning cached
+    return {name: plan.micro_batches * (s.forward_s + s.backward_s) for name, s in device_steps(plan, w).items()}

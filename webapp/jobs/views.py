@@ -7,14 +7,14 @@ import json
 from django.contrib import messages
 from django.contrib.admin.views.decorators import staff_member_required
 from django.contrib.auth.decorators import login_required
-from django.http import FileResponse, Http404, HttpResponse
+from django.http import FileResponse, Http404, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from engine.errors import UserError
 from engine.events import StepEvent, chrome_trace
 from webapp.devices.models import Device
-from webapp.jobs import actions, ending, figures, launching, rows
+from webapp.jobs import actions, ending, figures, launching, planning, rows
 from webapp.jobs.artifacts import model_path
 from webapp.jobs.forms import JobForm
 from webapp.jobs.models import Job, JobDevice, JobEvent, read_plan
@@ -109,6 +109,18 @@ def job_live(request, job_id: int):
     if request.user.is_staff:
         context["idle_devices"] = [d.name for d in Device.objects.all() if d.available]
     return render(request, "jobs/live.html", context)
+
+
+@login_required
+def job_planned(request, job_id: int):
+    """The current plan's compute per device and iteration (s): the live page's speed column measures against it."""
+    job = _job(request, job_id)
+    plan = job.plan_object
+    try:
+        planned = planning.planned_compute(plan) if plan else {}
+    except UserError as exc:  # no profile of the model here any more: the column stays empty
+        return JsonResponse({"planned_s": {}, "error": str(exc)})
+    return JsonResponse({"planned_s": planned})
 
 
 @staff_member_required
