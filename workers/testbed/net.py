@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import ipaddress
 import json
@@ -286,7 +287,7 @@ def remove(name: str) -> None:
         kill_cgroups(name, board)
         for controller in CONTROLLERS:
             if cgroup(controller, name, board).is_dir():
-                cgroup(controller, name, board).rmdir()
+                rmdir_cgroup(cgroup(controller, name, board), name, board)
     for top in tops:
         if top.is_dir():
             top.rmdir()
@@ -305,6 +306,20 @@ def remove(name: str) -> None:
         if (link == bridge and kind == "bridge") or (port.fullmatch(link) and kind == "veth"):
             sh("ip", "link", "del", link, check=False)
     (STATE_DIR / f"{name}.json").unlink(missing_ok=True)
+
+
+def rmdir_cgroup(path: Path, name: str, board: str, timeout: float = 10.0) -> None:
+    """Remove a board's cgroup; EBUSY while a killed process is still leaving it (a loaded host) is waited out."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            path.rmdir()
+            return
+        except OSError as exc:
+            if exc.errno != errno.EBUSY or time.monotonic() > deadline:
+                raise
+        kill_cgroups(name, board)
+        time.sleep(0.05)
 
 
 def kill_cgroups(name: str, board: str) -> None:
