@@ -238,6 +238,16 @@
       if (s.iteration !== iteration || (s.kind !== 'F' && s.kind !== 'B') || !isNumber(s.end - s.start)) return;
       busy[s.device] = (busy[s.device] || 0) + (s.end - s.start);
     });
+    const body = $('device-states');
+    if (body) {
+      body.querySelectorAll('tr[data-device]').forEach((tr) => {
+        const cell = tr.querySelector('td.speed'); // a device out of the current plan (lost, left) has none
+        if (cell && !(tr.dataset.device in live.planned)) {
+          cell.textContent = '–';
+          cell.classList.remove('slow');
+        }
+      });
+    }
     Object.keys(live.planned).forEach((name) => {
       const row = deviceRow(name);
       const cell = row && row.querySelector('td.speed');

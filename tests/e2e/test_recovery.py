@@ -151,6 +151,7 @@ def test_a_staff_member_kills_a_device_from_the_live_page_and_watches_the_recove
         survivors = {d["name"] for st in now["plan"]["stages"] for d in st["devices"]}
         expect(page.locator("#device-count")).to_have_text(str(len(survivors)))
         expect(page.locator(f'#device-states tr[data-device="{victim}"] form')).to_have_count(0)
+        expect(page.locator(f'#device-states tr[data-device="{victim}"] td.speed')).to_have_text("–")
         for name in survivors:
             expect(page.locator(f'#device-states tr[data-device="{name}"] form.kill-device')).to_have_count(1)
         steps = "() => document.getElementById('throughput-chart').data[1].x.length"
