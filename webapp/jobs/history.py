@@ -7,7 +7,6 @@ import shutil
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
-from django.db import transaction
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
@@ -18,6 +17,7 @@ from webapp.jobs.submit import REQUEST, submit, visible_job, visible_jobs
 
 PER_PAGE = 50
 COMPARED_AT_MOST = 6
+UNDER_WAY = (*Job.ACTIVE, Job.Status.QUEUED, Job.Status.PLANNING)  # neither archived nor deleted meanwhile
 
 
 @login_required
@@ -48,7 +48,7 @@ def job_again(request, job_id: int):
 def job_archive(request, job_id: int):
     """Archive a job that is not running (out of the list, kept) or bring it back."""
     job = visible_job(request.user, job_id)
-    if job.status in (*Job.ACTIVE, Job.Status.QUEUED, Job.Status.PLANNING):
+    if job.status in UNDER_WAY:
         messages.error(request, f"Job {job.pk} is {job.status}: archive it once it has ended.")
         return redirect("jobs")
     archive = not job.archived
@@ -62,12 +62,11 @@ def job_archive(request, job_id: int):
 def job_delete(request, job_id: int):
     """Delete a job that is not running, with its events and files (trained model, replicas)."""
     job = visible_job(request.user, job_id)
-    if job.status in (*Job.ACTIVE, Job.Status.QUEUED, Job.Status.PLANNING):
+    if job.status in UNDER_WAY:
         messages.error(request, f"Job {job.pk} is {job.status}: cancel it first, or wait for it to end.")
         return redirect("jobs")
     folder, number = job_dir(job), job.pk
-    with transaction.atomic():
-        job.delete()  # its devices' rows, events and actions go with it (on_delete=CASCADE)
+    job.delete()  # in one transaction, with its devices' rows, events and actions (on_delete=CASCADE)
     shutil.rmtree(folder, ignore_errors=True)
     messages.success(request, f"Job {number} deleted, with its events and files.")
     return redirect("jobs")

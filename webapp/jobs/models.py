@@ -7,6 +7,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import models
+from django.utils import timezone
 
 from engine.plan import Plan
 
@@ -121,8 +122,6 @@ class Job(models.Model):
         done = self.done_iterations
         if self.status not in self.ACTIVE or self.started_at is None or not 0 < done < self.iterations:
             return None
-        from django.utils import timezone
-
         elapsed = (timezone.now() - self.started_at).total_seconds()
         return elapsed / done * (self.iterations - done)
 
