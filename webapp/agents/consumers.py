@@ -11,6 +11,7 @@ import time
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
+from django.core.cache import cache
 from django.utils import timezone
 
 from engine.devices import canonical_probe
@@ -93,8 +94,16 @@ def _events(device: Device, msg: dict) -> int:
     return record_events(device, msg["events"], msg["last_seq"])
 
 
+def _connection_key(device: Device) -> str:
+    return f"asteroid:agent-connection:{device.pk}"
+
+
 @database_sync_to_async
-def _gone(device: Device) -> None:
+def _gone(device: Device, channel: str) -> None:
+    """The agent's connection closed: offline, unless a newer connection of it said hello meanwhile (a board whose
+    cable was pulled reconnects before the site notices its old socket is dead)."""
+    if cache.get(_connection_key(device)) not in (None, channel):
+        return
     Device.objects.filter(pk=device.pk, status=Device.Status.ONLINE, job__isnull=True).update(
         status=Device.Status.OFFLINE
     )
@@ -121,7 +130,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         if self.device is not None:
             await self.channel_layer.group_discard(agent_group(self.device.pk), self.channel_name)
             if getattr(self, "welcomed", False):
-                await _gone(self.device)
+                await _gone(self.device, self.channel_name)
 
     async def receive(self, text_data=None, bytes_data=None):
         received = time.monotonic()  # a `clock` probe's t1: before anything else, parsing included
@@ -137,6 +146,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self.send_json({"type": "clock", "t0": msg["t0"], "t1": received, "t2": time.monotonic()})
         elif msg["type"] == "hello":
             self.welcomed = True
+            await database_sync_to_async(cache.set)(_connection_key(self.device), self.channel_name, None)
             for reply in await _hello(self.device, msg):
                 await self.send_json(reply)
         elif msg["type"] == "heartbeat":
