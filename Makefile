@@ -12,6 +12,8 @@ $(PY):
 
 $(STAMP): requirements.txt | $(PY)
 	$(PY) -m pip install -r requirements.txt
+	@echo "compiling the planner's search (numba; once, about 10 s)"
+	$(PY) -c "from engine.planners import kernel; kernel.warm()"
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -9,7 +9,8 @@ fall back to the published space. For each micro-batch count M the DP is over su
     best(i, r, k) = fronts of (max stage time, sum of stage times, max all-reduce) for covering
                     layers [i, L) with exactly k stages drawn from the device counts r,
 
-and the iteration time sum + (M - 1) * max + allreduce is minimized at the top. A front keeps only
+and the iteration time sum + (M - 1) * max + allreduce is minimized at the top (the DP itself runs compiled:
+engine.planners.kernel). A front keeps only
 entries that no other beats for every way of finishing the plan. Inside a stage the micro-batch is
 split by `costmodel.allocate` (proportional to speed, capped by memory, samples moved off the
 straggler). k is there only because stage p of S holds min(S - p, M) micro-batches of activations:
@@ -33,12 +34,14 @@ from __future__ import annotations
 
 import itertools
 import math
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left
 from dataclasses import replace
 
-from engine.costmodel import allocate, allreduce_s, boundary_s, stage_fixed_s, stage_terms
-from engine.plan import OFF, Plan, Share, Stage
-from engine.planners import baselines
+import numpy as np
+
+from engine.costmodel import allocate, allreduce_s, stage_terms
+from engine.plan import Plan, Share, Stage
+from engine.planners import baselines, kernel
 from engine.planners.common import NoFeasiblePlan, Problem, device_classes, finish, simulated
 from engine.progress import Progress
 
@@ -87,51 +90,19 @@ class _Search:
         self.allreduce = problem.allreduce
         self.L = self.w.num_layers
         self.Wp = self.w.work_prefix
-        self.costs: dict = {}
-        self.free_costs: dict = {}
-        self.moves_cache: dict = {}
+        self.tables: kernel.Tables | None = None  # built on the first search
         # What does not depend on the micro-batch count, shared by the searches of one problem.
         self.shared = shared = {} if shared is None else shared
         self.terms_cache: dict = shared.setdefault("terms", {})
-        self.ranges: dict = shared.setdefault("ranges", {})
-        self.allreduces: dict = shared.setdefault("allreduces", {})
 
     def speed_of(self, r: tuple[int, ...]) -> float:
         return sum(c * s for c, s in zip(r, self.speed))
-
-    def moves(self, r: tuple[int, ...]) -> list:
-        """Every group g <= r a stage may take (at most m devices, one sample each at least), as
-        (g, its speed, what remains, its speed, its size, g's (count, speed) pairs)."""
-        if r not in self.moves_cache:
-            out = []
-            for g in itertools.product(*(range(x + 1) for x in r)) if self.exact else _prefix_runs(r):
-                if 0 < sum(g) <= self.m:
-                    rest = tuple(a - b for a, b in zip(r, g))
-                    pairs = [(c, s) for c, s in zip(g, self.speed) if c]
-                    out.append((g, self.speed_of(g), rest, self.speed_of(rest), sum(rest), pairs))
-            self.moves_cache[r] = out
-        return self.moves_cache[r]
 
     def terms(self, k: int, i: int, j: int, in_flight: int):
         key = (k, i, j, in_flight)
         if key not in self.terms_cache:
             self.terms_cache[key] = stage_terms(self.w, self.cluster, self.classes[k][0], i, j, in_flight, self.levels)
         return self.terms_cache[key]
-
-    def stage_cost(self, i: int, j: int, g: tuple[int, ...], in_flight: int) -> tuple[float, float] | None:
-        """(time, all-reduce) of layers [i, j) on group g at its best split, or None if it cannot fit."""
-        # in_flight only changes the memory caps: while the split that ignores memory fits them, it is
-        # the optimum, whatever the stage's position. Keep it with the most in-flight micro-batches it fits.
-        free = self.free_costs.get((i, j, g))
-        if free is None:
-            free = self.free_costs[(i, j, g)] = self._memory_free(i, j, g)
-        if in_flight <= free[1]:
-            return free[0]
-        key = (i, j, g, in_flight)
-        if key not in self.costs:
-            found = self.split(i, j, g, in_flight)
-            self.costs[key] = None if found is None else found[:2]
-        return self.costs[key]
 
     def split(self, i: int, j: int, g: tuple[int, ...], in_flight: int):
         """(time, all-reduce, per-class shares) of the best memory-capped split (`costmodel.allocate`)."""
@@ -142,66 +113,9 @@ class _Search:
         return res[0], self.allreduce_of(i, j, g), dict(zip(ks, res[1]))
 
     def allreduce_of(self, i: int, j: int, g: tuple[int, ...]) -> float:
-        """`costmodel.allreduce_s` of layers [i, j) across group g, at its slowest link, computed once."""
-        n = sum(g)
-        rate, k = min(self.links[k] for k, c in enumerate(g) if c)  # the slowest class's link and index
-        key = (i, j, n, rate)
-        found = self.allreduces.get(key)
-        if found is None:
-            names = (self.classes[k][0].name,)
-            found = self.allreduces[key] = allreduce_s(self.w, self.cluster, i, j, n, self.allreduce, names)
-        return found
-
-    def _memory_free(self, i: int, j: int, g: tuple[int, ...]) -> tuple:
-        """((time, all-reduce) of the best split ignoring memory, the most in-flight micro-batches at which
-        every device still fits it).
-
-        With identical devices per class the optimum has a closed form: every device's time is fixed +
-        n * c_k, so the stage time is fixed + t for the least t on some class's grid q * c_k with
-        sum_k count_k * floor(t / c_k) >= m, at least one sample per device. t lies between the
-        fractional water level and that plus one sample of the slowest class; the same products as
-        `costmodel.allocate`'s, so the times agree exactly.
-        """
-        m = self.m
-        fixed, static, saved, peak, per_class = self._range(i, j)
-        per = [(k, n, per_class[k]) for k, n in enumerate(g) if n]
-        if len(per) == 1:  # one class: every device takes ceil(m / n) samples (what the loop below finds)
-            best = -(-m // per[0][1]) * per[0][2]
-        else:
-            lowest = max(m / sum(n / c for _k, n, c in per), max(c for _k, _n, c in per))
-            best = math.inf
-            for _k, _n, c in per:
-                q = max(1, math.ceil(lowest / c - 1e-9))
-                while q * c < best:
-                    t = q * c
-                    if sum(n * min(m, math.floor(t / c2 + 1e-9)) for _k2, n, c2 in per) >= m:
-                        best = t
-                        break
-                    q += 1
-        cost = (fixed + best, self.allreduce_of(i, j, g))
-        most = 1 << 30
-        for k, _n, c in per:
-            n = min(m, math.floor(best / c + 1e-9))  # no device of the class holds more than this
-            spare = self.classes[k][0].memory_bytes - static - n * peak
-            if spare < 0:
-                return cost, 0
-            if saved:
-                most = min(most, spare // (n * saved))
-        return cost, most
-
-    def _range(self, i: int, j: int) -> tuple:
-        """What a stage over layers [i, j) costs whatever its group (computed once per range): its fixed time,
-        static, saved and peak bytes, and each class's seconds per sample (what stage_terms gives `allocate`)."""
-        found = self.ranges.get((i, j))
-        if found is None:
-            w, cluster = self.w, self.cluster
-            per_class = [
-                max(w.compute_s(c[0], i, j) + boundary_s(w, cluster, c[0], i, j, self.levels), 1e-15)
-                for c in self.classes
-            ]
-            fixed = stage_fixed_s(cluster, j - i, (i > 0) + (j < self.L))
-            found = self.ranges[(i, j)] = (fixed, w.static_bytes(i, j), w.saved(i, j), w.peak(i, j), per_class)
-        return found
+        """`costmodel.allreduce_s` of layers [i, j) across group g, at its slowest link."""
+        _rate, k = min(self.links[k] for k, c in enumerate(g) if c)  # the slowest class's link and index
+        return allreduce_s(self.w, self.cluster, i, j, sum(g), self.allreduce, (self.classes[k][0].name,))
 
     def run(self, cap: float, relaxed: bool = False, stages: int = 0) -> tuple[float, list] | None:
         """Best plan with iteration time <= M * cap (of exactly `stages` stages if given): (time,
@@ -217,130 +131,59 @@ class _Search:
         count: a weaker memory constraint, so no worse than the truth, and the state needs no stage
         count. The caller checks the plan it gives against the real memory.
         """
-        M, m, L, Wp = self.M, self.m, self.L, self.Wp
-        bound = M * cap * SLACK
-        limit = cap * SLACK
-        memo: dict = {}
-        # compressed bytes at the fastest link (a bound for every device); their codec time is left out
-        bw = max(rate for rate, _k in self.links) * 1e6 / 8 * OFF / self.levels[0]
-        out = self.w.output_bytes
-        a_in = [out[i - 1] / bw if i else 0.0 for i in range(L + 1)]  # comm per sample entering at layer i
-        a_out = [out[j - 1] / bw if j < L else 0.0 for j in range(L + 1)]  # ... and leaving after layer j
-        total_speed = sum(len(c) * s for c, s in zip(self.classes, self.speed))
-        per_layer, per_boundary = stage_fixed_s(self.cluster, 1, 0), stage_fixed_s(self.cluster, 0, 1)  # linear
-
-        def suffix(i: int, r: tuple[int, ...], k: int) -> list:
-            """Front for layers [i, L) on devices within r in exactly k stages (any number if k == 0)."""
-            key = (i, r, k)
-            front = memo.get(key)
-            if front is not None:
-                return front
-            entries = []
-            in_flight = min(k, M) if k else 1
-            # The stages before i ran layers [0, i) on the devices not in r: their times sum to at least
-            # this, so the suffix's (M - 1) max + sum + all-reduce must fit in what is left of the bound.
-            # Their longest stage takes at least as long too (each stage's time is at least its share of
-            # that work over its share of the speed), and so for the stages from i on, on the devices in r.
-            Wi, Wl = Wp[i], Wp[L]
-            up = Wi * m / (total_speed - self.speed_of(r)) if i else 0.0
-            us = (Wl - Wi) * m / self.speed_of(r)
-            if (M - 1) * (up if up > us else us) + up + us > bound:
-                memo[key] = front = []
-                return front
-            room = bound - up
-            tail = (M - 1) * up  # at least this much of the (M - 1) max is the prefix's
-            after = max(k - 1, 1)  # stages that must follow a middle stage
+        if self.tables is None:
+            self.tables = kernel.tables(self)
+        L, full = self.L, tuple(len(c) for c in self.classes)
+        ks = [0] if relaxed else [stages] if stages else list(range(1, min(sum(full), L) + 1))
+        allowed = np.ones((max(ks) + 1, L + 1), dtype=np.bool_)
+        for k in range(max(ks) + 1):
             cuts = self.cuts.get(k) if isinstance(self.cuts, dict) else self.cuts
-            for g, sg, rest, sr, n_rest, classes in self.moves(r):
-                lo, hi = L + 1, L - 1  # empty range of middle-stage ends unless some can follow
-                if k != 1 and n_rest >= after:
-                    hi = min(bisect_right(Wp, Wi + limit * sg / m) - 1, L - after)
-                    lo = max(bisect_left(Wp, Wl - limit * sr / m), i + 1)
-                ends = range(lo, hi + 1) if cuts is None else cuts[bisect_left(cuts, lo) : bisect_right(cuts, hi)]
-                if k <= 1 and (Wl - Wi) * m <= limit * sg:
-                    ends = [*ends, L]  # the last stage too
-                for j in ends:
-                    # This stage is M of the iteration's stage-times; the stages after it at least rest_s,
-                    # their longest too; and the (M - 1) max is at least the prefix's or the rest's.
-                    rest_s = (Wl - Wp[j]) * m / sr if j < L else 0.0
-                    most = tail if tail > (M - 1) * rest_s else (M - 1) * rest_s
-                    u_max = min((room - rest_s) / M, room - rest_s - most)
-                    work, comm = Wp[j] - Wi, a_in[i] + a_out[j]
-                    # Every device pays the same fixed cost; the rest is at best split in proportion.
-                    fixed = (j - i) * per_layer + ((i > 0) + (j < L)) * per_boundary
-                    if (m / sum(c / (work / s + comm) for c, s in classes)) + fixed > u_max:
-                        continue  # even a perfect split of the samples is too slow
-                    cost = self.stage_cost(i, j, g, in_flight)
-                    if cost is None or cost[0] > u_max:
-                        continue
-                    u, ar = cost[0], cost[1]
-                    if j == L:
-                        if (M - 1) * (u if u > up else up) + u + ar <= room:
-                            entries.append((u, u, ar, j, g, -1))
-                        continue
-                    lim = room - u
-                    floor = u if u > up else up
-                    for idx, (U2, S2, A2, *_rest) in enumerate(suffix(j, rest, k - 1 if k else 0)):
-                        U, A = (u if u > U2 else U2), (ar if ar > A2 else A2)
-                        if (M - 1) * (U if U > floor else floor) + S2 + A <= lim:
-                            entries.append((U, u + S2, A, j, g, idx))
-            memo[key] = front = _pareto(entries, M)
-            return front
+            if cuts is not None:
+                allowed[k] = False
+                allowed[k, cuts] = True
+        states, strides = self.states()
+        times, tops, entries, ends, groups, links = kernel.front_search(
+            self.tables, self.M * cap * SLACK, cap * SLACK, np.array(ks, dtype=np.int64), max(ks), allowed,
+            states, strides, not self.exact, keep,
+        )  # fmt: skip
+        found = []
+        for t, k, e in zip(times.tolist(), tops.tolist(), entries.tolist()):
+            stages_, i = [], 0
+            while e >= 0:
+                g = tuple(int(c) for c in (groups[e] // strides) % (np.array(full) + 1))
+                j = int(ends[e])
+                stages_.append((i, j, g, self.split(i, j, g, min(k, self.M) if k else 1)[2]))
+                i, e, k = j, int(links[e]), (k - 1 if k else 0)
+            found.append((t, stages_))
+        return found
 
-        full = tuple(len(c) for c in self.classes)
-        tops = []
-        for k in [0] if relaxed else [stages] if stages else range(1, min(sum(full), L) + 1):
-            for idx, (U, S, A, *_rest) in enumerate(suffix(0, full, k)):
-                tops.append((S + (M - 1) * U + A, k, idx))
-        return [(t, self._layout(memo, full, k, idx)) for t, k, idx in sorted(tops)[:keep]]
-
-    def _layout(self, memo: dict, full: tuple[int, ...], k: int, idx: int) -> list:
-        """The stages [(i, j, g, shares)] of the front entry `idx` of (0, full, k), following its links."""
-        stages, i, r = [], 0, full
-        while True:
-            _U, _S, _A, j, g, nxt = memo[(i, r, k)][idx]
-            stages.append((i, j, g, self.split(i, j, g, min(k, self.M) if k else 1)[2]))
-            if nxt < 0:
-                return stages
-            i, r, k, idx = j, tuple(a - b for a, b in zip(r, g)), (k - 1 if k else 0), nxt
+    def states(self) -> tuple[np.ndarray, np.ndarray]:
+        """The DP's states (devices left per class, numbered by the devices used: the whole cluster is 0) and the
+        mixed-radix strides that number a group. Exact: every count vector; ordered: the memory order's suffixes."""
+        key = ("states", self.exact)
+        if key not in self.shared:
+            full = np.array([len(c) for c in self.classes], dtype=np.int64)
+            strides = np.ones(len(full), dtype=np.int64)
+            for k in range(len(full) - 2, -1, -1):
+                strides[k] = strides[k + 1] * (full[k + 1] + 1)
+            if self.exact:
+                codes = np.arange(int(np.prod(full + 1)))
+                states = full - (codes[:, None] // strides) % (full + 1)
+            else:  # the first d devices of the memory order used
+                before = np.concatenate([[0], np.cumsum(full)[:-1]])  # devices of the classes ahead of each
+                used = np.clip(np.arange(full.sum() + 1)[:, None] - before, 0, full)
+                states = full - used
+            self.shared[key] = (np.ascontiguousarray(states, dtype=np.int64), strides)
+        return self.shared[key]
 
     def lower_bound(self) -> float:
         """No stage can beat the whole cluster working in perfect proportion."""
         return (self.Wp[self.L] - self.Wp[0]) * self.m / sum(len(c) * s for c, s in zip(self.classes, self.speed))
 
 
-def _prefix_runs(r: tuple[int, ...]):
-    """The first t remaining devices in memory order, for every t (the published Asteroid space)."""
-    g = [0] * len(r)
-    for k, x in enumerate(r):
-        for _ in range(x):
-            g[k] += 1
-            yield tuple(g)
-
-
 def search_size(cluster, w=None) -> int:
     """Number of (remaining devices, stage group) pairs the exact search visits per layer pair."""
     return math.prod((n + 1) * (n + 2) // 2 for n in map(len, device_classes(cluster, w)))
-
-
-def _pareto(entries: list, M: int) -> list:
-    """Entries no other entry beats for every way of finishing the plan.
-
-    Finishing adds stages with time x and all-reduce y to both: the objective (M - 1) max(U, x) + S +
-    max(A, y) of e1 never exceeds e2's iff S1 + (M - 1)(U1 - U2)+ + (A1 - A2)+ <= S2. A dominating
-    entry has the smaller partial objective, so scanning in that order only checks kept entries.
-    """
-    entries.sort(key=lambda e: (M - 1) * e[0] + e[1] + e[2])
-    kept: list = []
-    for e in entries:
-        U, S, A = e[0], e[1], e[2]
-        for k in kept:
-            du, da = k[0] - U, k[2] - A
-            if k[1] + (M - 1) * (du if du > 0 else 0.0) + (da if da > 0 else 0.0) <= S:
-                break
-        else:
-            kept.append(e)
-    return kept
 
 
 def _to_stages(search: _Search, layout: list) -> list[Stage]:

@@ -1,0 +1,509 @@
+"""The Asteroid planner's dynamic programme, compiled (numba): fronts per (first layer, devices left, stages to go).
+
+`engine.planners.asteroid` documents the search; this module is its inner loop, the same arithmetic in the same
+order, so the plans are those of the search as written there. Python prepares `Tables` (prefix sums and
+per-class constants, once per micro-batch count) and `front_search` fills every state's front bottom-up (a state
+only needs states of later first layers), skipping at entry every state the bound rules out; the caller follows
+the links of the entries it returns. The first call compiles (a few seconds, cached on disk after that).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import namedtuple
+
+import numpy as np
+from numba import njit
+
+from engine.costmodel import DEFAULT_CODEC_WORK, stage_fixed_s
+from engine.devices import LAYER_OVERHEAD_S
+from engine.plan import ALLREDUCE, OFF, gradient_bits
+
+NO_CAP = 1 << 30  # "no memory limit" in sample counts, as in engine.costmodel.stage_terms
+
+
+@njit(cache=True)
+def _per_sample(t, k, i, j):
+    """Seconds per sample of class k on layers [i, j): compute and its boundaries (costmodel.stage_terms)."""
+    compute = (t.prefix[k, j] - t.prefix[k, i]) / t.divisor[k]
+    a_in = t.out[i - 1] if i > 0 else 0
+    a_out = t.out[j - 1] if j < t.L else 0
+    if t.off:
+        edge = (a_in + a_out) / t.rate[k]
+    else:
+        edge = (a_in * t.gbits + a_out * t.bits) / 32 / t.rate[k]
+        if t.codec_div[k] > 0:  # encoding and decoding both directions (Workload.codec_s)
+            if a_in > 0:
+                edge += t.codec * (a_in / 4) / t.codec_div[k]
+            if a_out > 0:
+                edge += t.codec * (a_out / 4) / t.codec_div[k]
+    value = compute + edge
+    return value if value > 1e-15 else 1e-15
+
+
+@njit(cache=True)
+def _fixed(t, i, j):
+    return 2 * (j - i) * t.overhead + 2 * (int(i > 0) + int(j < t.L)) * t.latency
+
+
+@njit(cache=True)
+def _allreduce(t, i, j, g):
+    """Ring all-reduce of layers [i, j) across group g at its slowest class's link (costmodel.allreduce_s)."""
+    K, link_mbps = t.K, t.link_mbps
+    n = 0
+    slow = -1
+    for k in range(K):
+        if g[k]:
+            n += g[k]
+            if slow < 0 or link_mbps[k] < link_mbps[slow]:
+                slow = k
+    if n < 2:
+        return 0.0
+    nbytes = (t.params[j] - t.params[i]) * t.factor / 4
+    return 2 * (n - 1) / n * nbytes / t.link_bps[slow] + 2 * (n - 1) * t.latency
+
+
+@njit(cache=True)
+def _memory_free(t, i, j, g):
+    """(time, all-reduce, most in-flight micro-batches it fits) of the best split ignoring memory (asteroid's
+    `_Search._memory_free`)."""
+    K, m = t.K, t.m
+    static, saved, peak, memory = t.static, t.saved, t.peak, t.memory
+    c = np.empty(K)
+    classes = 0
+    only = -1
+    for k in range(K):
+        if g[k]:
+            c[k] = _per_sample(t, k, i, j)
+            classes += 1
+            only = k
+    if classes == 1:
+        best = -(-m // g[only]) * c[only]
+    else:
+        inv = 0.0
+        slowest = 0.0
+        for k in range(K):
+            if g[k]:
+                inv += g[k] / c[k]
+                if c[k] > slowest:
+                    slowest = c[k]
+        lowest = m / inv
+        if slowest > lowest:
+            lowest = slowest
+        best = math.inf
+        for k in range(K):
+            if not g[k]:
+                continue
+            q = max(1, math.ceil(lowest / c[k] - 1e-9))
+            while q * c[k] < best:
+                tt = q * c[k]
+                held = 0
+                for k2 in range(K):
+                    if g[k2]:
+                        held += g[k2] * min(m, math.floor(tt / c[k2] + 1e-9))
+                if held >= m:
+                    best = tt
+                    break
+                q += 1
+    time = _fixed(t, i, j) + best
+    ar = _allreduce(t, i, j, g)
+    most = NO_CAP
+    st = static[j] - static[i]
+    sv = saved[j] - saved[i]
+    pk = peak[i, j]
+    for k in range(K):
+        if not g[k]:
+            continue
+        n = min(m, math.floor(best / c[k] + 1e-9))
+        spare = memory[k] - st - n * pk
+        if spare < 0:
+            return time, ar, 0
+        if sv:
+            most = min(most, spare // (n * sv))
+    return time, ar, most
+
+
+@njit(cache=True)
+def allocate_time(t, i, j, g, in_flight):
+    """The stage time of `costmodel.allocate` (memory-capped split) for group g, or -1 when it cannot fit."""
+    K, m = t.K, t.m
+    static, saved, peak, memory = t.static, t.saved, t.peak, t.memory
+    fixed = _fixed(t, i, j)
+    per = np.empty(K)
+    cap = np.zeros(K, np.int64)
+    size = 0
+    for k in range(K):
+        if g[k]:
+            size += g[k]
+            per[k] = _per_sample(t, k, i, j)
+            per_mem = in_flight * (saved[j] - saved[i]) + peak[i, j]
+            free = memory[k] - (static[j] - static[i])
+            cap[k] = 0 if free < 0 else (free // per_mem if per_mem > 0 else NO_CAP)
+    if size == 0 or size > m:
+        return -1.0
+    room = 0
+    for k in range(K):
+        if g[k]:
+            if cap[k] < 1:
+                return -1.0
+            room += min(cap[k], m) * g[k]
+    if room < m:
+        return -1.0
+    inv = 0.0
+    lifted = 0.0
+    for k in range(K):
+        if g[k]:
+            inv += g[k] / per[k]
+    for k in range(K):
+        if g[k]:
+            lifted += g[k] * fixed / per[k]
+    level = (m + lifted) / inv
+    base = np.zeros(K, np.int64)
+    extra = np.zeros(K, np.int64)
+    total = 0
+    for k in range(K):
+        if g[k]:
+            q = math.floor((level - fixed) / per[k])
+            base[k] = max(1, min(cap[k], q))
+            total += base[k] * g[k]
+    while total > m:
+        pick, worst = -1, -math.inf
+        for k in range(K):
+            if g[k] and (base[k] > 1 or extra[k]):
+                f = fixed + (base[k] + (1 if extra[k] else 0)) * per[k]
+                if pick < 0 or f > worst:
+                    pick, worst = k, f
+        if extra[pick]:
+            extra[pick] -= 1
+        else:
+            base[pick] -= 1
+            extra[pick] = g[pick] - 1
+        total -= 1
+    while total < m:
+        pick, best_t = -1, math.inf
+        for k in range(K):
+            if not g[k]:
+                continue
+            nxt = base[k] + 1
+            if nxt > cap[k]:
+                continue
+            t_next = fixed + nxt * per[k]
+            if t_next < best_t:
+                pick, best_t = k, t_next
+        extra[pick] += 1
+        if extra[pick] == g[pick]:
+            base[pick] += 1
+            extra[pick] = 0
+        total += 1
+    time = -math.inf
+    for k in range(K):
+        if g[k]:
+            f = fixed + (base[k] + (1 if extra[k] else 0)) * per[k]
+            if f > time:
+                time = f
+    return time
+
+
+@njit(cache=True)
+def _grow(a, need):
+    if need <= a.shape[0]:
+        return a
+    b = np.empty(max(need, 2 * a.shape[0]), a.dtype)
+    b[: a.shape[0]] = a
+    return b
+
+
+@njit(cache=True)
+def front_search(t, cap_bound, limit, ks, k_top, cuts, states, codes, ordered, keep):  # noqa: C901
+    """Fill the fronts of every state, bottom-up, and return the `keep` best plans at the top.
+
+    `states[r]`: the device counts of state r; `codes`: mixed-radix strides turning counts into a state index
+    (exact search) or, when `ordered`, states are "the first r devices in memory order used". `ks`: the stage
+    counts wanted at the top (0: any, the relaxed memory); `cuts[k, j]`: whether a stage with k stages to go
+    (itself included) may end after layer j. Returns (top times, top entry indices, the entries' end layer,
+    group code and next entry).
+    """
+    L, M, m, K = t.L, t.M, t.m, t.K
+    Wp, speed, a_in, a_out = t.Wp, t.speed, t.a_in, t.a_out
+    per_layer, per_boundary, total_speed = t.per_layer, t.per_boundary, t.total_speed
+    R = states.shape[0]
+    relaxed = ks[0] == 0
+    nk = 1 if relaxed else k_top + 1
+    start = np.full((nk, L + 1, R), -1, np.int64)
+    length = np.zeros((nk, L + 1, R), np.int64)
+    pU = np.empty(1024)
+    pS = np.empty(1024)
+    pA = np.empty(1024)
+    pj = np.empty(1024, np.int64)
+    pg = np.empty(1024, np.int64)
+    pn = np.empty(1024, np.int64)
+    used = 0
+    eU = np.empty(256)
+    eS = np.empty(256)
+    eA = np.empty(256)
+    ej = np.empty(256, np.int64)
+    eg = np.empty(256, np.int64)
+    en = np.empty(256, np.int64)
+    g = np.zeros(K, np.int64)
+    rest = np.zeros(K, np.int64)
+    Wl = Wp[L]
+    for i in range(L - 1, -1, -1):
+        Wi = Wp[i]
+        for r in range(R):
+            rv = states[r]
+            n_r = 0
+            s_r = 0.0
+            for k in range(K):
+                n_r += rv[k]
+                s_r += rv[k] * speed[k]
+            if n_r == 0 or (i > 0 and r == 0):  # no device left, or layers before it on no device
+                continue
+            up = Wi * m / (total_speed - s_r) if i else 0.0
+            us = (Wl - Wi) * m / s_r
+            if (M - 1) * (up if up > us else us) + up + us > cap_bound:
+                for kk in range(nk):
+                    start[kk, i, r] = used
+                continue
+            room = cap_bound - up
+            tail = (M - 1) * up
+            for kk in range(nk):
+                k = 0 if relaxed else kk
+                if not relaxed and (k == 0 or k > L - i or k > n_r):
+                    start[kk, i, r] = used
+                    continue
+                row = 0 if relaxed else k + 1  # the stage before ends at i: may it?
+                if i > 0 and (row >= nk or not cuts[row, i]):
+                    start[kk, i, r] = used
+                    continue
+                in_flight = (k if k < M else M) if k else 1
+                after = k - 1 if k - 1 > 1 else 1
+                n_e = 0
+                # moves: every group g <= r (exact) or the next devices in memory order (ordered)
+                for x in range(K):
+                    g[x] = 0
+                first = True
+                while True:
+                    # advance g to the next move
+                    if ordered:
+                        if first:
+                            moved = False
+                            for x in range(K):
+                                if rv[x] > 0:
+                                    g[x] = 1
+                                    moved = True
+                                    break
+                            if not moved:
+                                break
+                        else:
+                            moved = False
+                            for x in range(K):
+                                if g[x] < rv[x]:
+                                    g[x] += 1
+                                    moved = True
+                                    break
+                            if not moved:
+                                break
+                    else:
+                        x = K - 1
+                        while x >= 0 and g[x] == rv[x]:
+                            g[x] = 0
+                            x -= 1
+                        if x < 0:
+                            break
+                        g[x] += 1
+                    first = False
+                    size = 0
+                    for x in range(K):
+                        size += g[x]
+                    if size > m:
+                        if ordered:
+                            break
+                        continue
+                    sg = 0.0
+                    sr = 0.0
+                    n_rest = 0
+                    for x in range(K):
+                        rest[x] = rv[x] - g[x]
+                        sg += g[x] * speed[x]
+                        sr += rest[x] * speed[x]
+                        n_rest += rest[x]
+                    gcode = 0
+                    for x in range(K):
+                        gcode += g[x] * codes[x]
+                    child = r + size if ordered else r + gcode  # states are numbered by the devices used
+                    lo, hi = L + 1, L - 1
+                    if k != 1 and n_rest >= after:
+                        hi = min(np.searchsorted(Wp, Wi + limit * sg / m, side="right") - 1, L - after)
+                        lo = max(np.searchsorted(Wp, Wl - limit * sr / m, side="left"), i + 1)
+                    last = k <= 1 and (Wl - Wi) * m <= limit * sg
+                    middle = hi - lo + 1 if hi >= lo else 0
+                    for step in range(middle + (1 if last else 0)):
+                        if step == middle:
+                            j = L
+                        else:
+                            j = lo + step
+                            if not cuts[k, j]:
+                                continue
+                        rest_s = (Wl - Wp[j]) * m / sr if j < L else 0.0
+                        most = tail if tail > (M - 1) * rest_s else (M - 1) * rest_s
+                        u_max = min((room - rest_s) / M, room - rest_s - most)
+                        work, comm = Wp[j] - Wi, a_in[i] + a_out[j]
+                        fixed = (j - i) * per_layer + (int(i > 0) + int(j < L)) * per_boundary
+                        inv = 0.0
+                        for x in range(K):
+                            if g[x]:
+                                inv += g[x] / (work / speed[x] + comm)
+                        if (m / inv) + fixed > u_max:
+                            continue
+                        u, ar, fits = _memory_free(t, i, j, g)
+                        if in_flight > fits:
+                            u = allocate_time(t, i, j, g, in_flight)
+                            if u < 0:
+                                continue
+                        if u > u_max:
+                            continue
+                        if j == L:
+                            if (M - 1) * (u if u > up else up) + u + ar <= room:
+                                need = n_e + 1
+                                eU, eS, eA = _grow(eU, need), _grow(eS, need), _grow(eA, need)
+                                ej, eg, en = _grow(ej, need), _grow(eg, need), _grow(en, need)
+                                eU[n_e], eS[n_e], eA[n_e], ej[n_e], eg[n_e], en[n_e] = u, u, ar, j, gcode, -1
+                                n_e += 1
+                            continue
+                        lim = room - u
+                        floor = u if u > up else up
+                        ck = 0 if relaxed else k - 1
+                        cs = start[ck, j, child]
+                        for e in range(cs, cs + length[ck, j, child]):
+                            U = u if u > pU[e] else pU[e]
+                            A = ar if ar > pA[e] else pA[e]
+                            if (M - 1) * (U if U > floor else floor) + pS[e] + A <= lim:
+                                need = n_e + 1
+                                eU, eS, eA = _grow(eU, need), _grow(eS, need), _grow(eA, need)
+                                ej, eg, en = _grow(ej, need), _grow(eg, need), _grow(en, need)
+                                eU[n_e], eS[n_e], eA[n_e], ej[n_e], eg[n_e], en[n_e] = U, u + pS[e], A, j, gcode, e
+                                n_e += 1
+                # the front: entries no other beats for every way of finishing the plan (asteroid's `_pareto`)
+                start[kk, i, r] = used
+                if n_e:
+                    key = np.empty(n_e)
+                    for e in range(n_e):
+                        key[e] = (M - 1) * eU[e] + eS[e] + eA[e]
+                    order = np.argsort(key, kind="mergesort")
+                    need = used + n_e
+                    pU, pS, pA = _grow(pU, need), _grow(pS, need), _grow(pA, need)
+                    pj, pg, pn = _grow(pj, need), _grow(pg, need), _grow(pn, need)
+                    kept = 0
+                    for o in range(n_e):
+                        e = order[o]
+                        U, S, A = eU[e], eS[e], eA[e]
+                        beaten = False
+                        for q in range(used, used + kept):
+                            du, da = pU[q] - U, pA[q] - A
+                            if pS[q] + (M - 1) * (du if du > 0 else 0.0) + (da if da > 0 else 0.0) <= S:
+                                beaten = True
+                                break
+                        if not beaten:
+                            q = used + kept
+                            pU[q], pS[q], pA[q], pj[q], pg[q], pn[q] = U, S, A, ej[e], eg[e], en[e]
+                            kept += 1
+                    length[kk, i, r] = kept
+                    used += kept
+    # the top: every wanted stage count's front at (layer 0, every device), fastest first
+    full = 0
+    n_top = 0
+    for kk in range(ks.shape[0]):
+        k = ks[kk]
+        n_top += length[0 if relaxed else k, 0, full]
+    times = np.empty(n_top)
+    entries = np.empty(n_top, np.int64)
+    stages = np.empty(n_top, np.int64)
+    n = 0
+    for kk in range(ks.shape[0]):
+        k = ks[kk]
+        row = 0 if relaxed else k
+        s0 = start[row, 0, full]
+        for e in range(s0, s0 + length[row, 0, full]):
+            times[n] = pS[e] + (M - 1) * pU[e] + pA[e]
+            entries[n] = e
+            stages[n] = k
+            n += 1
+    order = np.argsort(times, kind="mergesort")[:keep]
+    return times[order], stages[order], entries[order], pj[:used].copy(), pg[:used].copy(), pn[:used].copy()
+
+
+Tables = namedtuple(
+    "Tables",
+    "L M m K prefix divisor out rate off gbits bits codec codec_div overhead latency params factor link_mbps "
+    "link_bps static saved peak memory Wp speed a_in a_out per_layer per_boundary total_speed",
+)
+
+
+def tables(search) -> Tables:
+    """The arrays `front_search` reads for one `asteroid._Search` (one micro-batch count)."""
+    w, cluster, classes = search.w, search.cluster, search.classes
+    L, K = w.num_layers, len(classes)
+    prefix = np.empty((K, L + 1))
+    divisor = np.ones(K)
+    codec_div = np.zeros(K)
+    level = search.levels[0]
+    for k, devs in enumerate(classes):
+        table = w._tables.get(devs[0].name)
+        if table is None:  # work / its FLOP rate
+            prefix[k] = w._work
+            divisor[k] = codec_div[k] = devs[0].flops_per_s
+        else:  # its own per-layer seconds
+            prefix[k] = table[2]
+            total = table[2][-1]
+            codec_div[k] = w._work[-1] / total if total > 0 else 0.0
+    peak_bytes = np.asarray(w.peak_bytes, dtype=np.int64)
+    peak = np.zeros((L + 1, L + 1), np.int64)
+    for i in range(L):
+        peak[i, i + 1 :] = np.maximum.accumulate(peak_bytes[i:])
+    mbps = np.array([cluster.link_mbps_of(c[0]) for c in classes], dtype=np.float64)
+    bw = float(mbps.max()) * 1e6 / 8 * OFF / level  # compressed bytes at the fastest link: a bound for every device
+    out = w.output_bytes
+    return Tables(
+        L=L,
+        M=search.M,
+        m=search.m,
+        K=K,
+        prefix=prefix,
+        divisor=divisor,
+        out=np.asarray(out, dtype=np.int64),
+        rate=np.array([cluster.link_mbps_of(c[0]) * 1e6 / 8 for c in classes]),
+        off=level >= OFF,
+        gbits=gradient_bits(level),
+        bits=level,
+        codec=float(w._codec.get(level, DEFAULT_CODEC_WORK)),
+        codec_div=codec_div,
+        overhead=float(LAYER_OVERHEAD_S),
+        latency=float(cluster.latency_s),
+        params=np.asarray(w._params, dtype=np.int64),
+        factor=ALLREDUCE[search.allreduce],
+        link_mbps=mbps,
+        link_bps=np.array([cluster.bytes_per_s_of(c[0].name) for c in classes]),
+        static=np.asarray(w._static, dtype=np.int64),
+        saved=np.asarray(w._saved, dtype=np.int64),
+        peak=peak,
+        memory=np.array([c[0].memory_bytes for c in classes], dtype=np.int64),
+        Wp=np.asarray(w.work_prefix, dtype=np.float64),
+        speed=np.asarray(search.speed, dtype=np.float64),
+        a_in=np.array([out[i - 1] / bw if i else 0.0 for i in range(L + 1)]),
+        a_out=np.array([out[j - 1] / bw if j < L else 0.0 for j in range(L + 1)]),
+        per_layer=stage_fixed_s(cluster, 1, 0),
+        per_boundary=stage_fixed_s(cluster, 0, 1),
+        total_speed=float(sum(len(c) * s for c, s in zip(classes, search.speed))),
+    )
+
+
+def warm() -> None:
+    """Compile the search (or load it from numba's cache) by planning a two-layer model on two boards."""
+    from engine.costmodel import Workload
+    from engine.devices import Cluster, Device
+    from engine.planners import Problem, asteroid
+
+    w = Workload("warm-up", (1e9, 1e9), (2e9, 2e9), (1000, 1000), (1000, 1000), (1000, 1000), (1000, 1000), (0, 0))
+    cluster = Cluster((Device.of_kind("a", "nano"), Device.of_kind("b", "nx")), name="warm-up")
+    asteroid.plan(Problem(w, cluster, 4, rank=False))
+
