@@ -41,7 +41,7 @@ import numpy as np
 
 from engine.costmodel import allocate, allreduce_s, stage_terms
 from engine.plan import Plan, Share, Stage
-from engine.planners import baselines, kernel
+from engine.planners import baselines, kernel, stagecosts
 from engine.planners.common import NoFeasiblePlan, Problem, device_classes, finish, simulated
 from engine.progress import Progress
 
@@ -90,7 +90,7 @@ class _Search:
         self.allreduce = problem.allreduce
         self.L = self.w.num_layers
         self.Wp = self.w.work_prefix
-        self.tables: kernel.Tables | None = None  # built on the first search
+        self.tables: stagecosts.Tables | None = None  # built on the first search
         # What does not depend on the micro-batch count, shared by the searches of one problem.
         self.shared = shared = {} if shared is None else shared
         self.terms_cache: dict = shared.setdefault("terms", {})
@@ -132,7 +132,7 @@ class _Search:
         count. The caller checks the plan it gives against the real memory.
         """
         if self.tables is None:
-            self.tables = kernel.tables(self)
+            self.tables = stagecosts.tables(self)
         L, full = self.L, tuple(len(c) for c in self.classes)
         ks = [0] if relaxed else [stages] if stages else list(range(1, min(sum(full), L) + 1))
         allowed = np.ones((max(ks) + 1, L + 1), dtype=np.bool_)

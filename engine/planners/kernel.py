@@ -1,207 +1,18 @@
 """The Asteroid planner's dynamic programme, compiled (numba): fronts per (first layer, devices left, stages to go).
 
 `engine.planners.asteroid` documents the search; this module is its inner loop, the same arithmetic in the same
-order, so the plans are those of the search as written there. Python prepares `Tables` (prefix sums and
-per-class constants, once per micro-batch count) and `front_search` fills every state's front bottom-up (a state
+order, so the plans are those of the search as written there. Python prepares `stagecosts.Tables` (prefix sums
+and per-class constants, once per micro-batch count) and `front_search` fills every state's front bottom-up (a state
 only needs states of later first layers), skipping at entry every state the bound rules out; the caller follows
 the links of the entries it returns. The first call compiles (a few seconds, cached on disk after that).
 """
 
 from __future__ import annotations
 
-import math
-from collections import namedtuple
-
 import numpy as np
 from numba import njit
 
-from engine.costmodel import DEFAULT_CODEC_WORK, stage_fixed_s
-from engine.devices import LAYER_OVERHEAD_S
-from engine.plan import ALLREDUCE, OFF, gradient_bits
-
-NO_CAP = 1 << 30  # "no memory limit" in sample counts, as in engine.costmodel.stage_terms
-
-
-@njit(cache=True)
-def _per_sample(t, k, i, j):
-    """Seconds per sample of class k on layers [i, j): compute and its boundaries (costmodel.stage_terms)."""
-    compute = (t.prefix[k, j] - t.prefix[k, i]) / t.divisor[k]
-    a_in = t.out[i - 1] if i > 0 else 0
-    a_out = t.out[j - 1] if j < t.L else 0
-    if t.off:
-        edge = (a_in + a_out) / t.rate[k]
-    else:
-        edge = (a_in * t.gbits + a_out * t.bits) / 32 / t.rate[k]
-        if t.codec_div[k] > 0:  # encoding and decoding both directions (Workload.codec_s)
-            if a_in > 0:
-                edge += t.codec * (a_in / 4) / t.codec_div[k]
-            if a_out > 0:
-                edge += t.codec * (a_out / 4) / t.codec_div[k]
-    value = compute + edge
-    return value if value > 1e-15 else 1e-15
-
-
-@njit(cache=True)
-def _fixed(t, i, j):
-    return 2 * (j - i) * t.overhead + 2 * (int(i > 0) + int(j < t.L)) * t.latency
-
-
-@njit(cache=True)
-def _allreduce(t, i, j, g):
-    """Ring all-reduce of layers [i, j) across group g at its slowest class's link (costmodel.allreduce_s)."""
-    K, link_mbps = t.K, t.link_mbps
-    n = 0
-    slow = -1
-    for k in range(K):
-        if g[k]:
-            n += g[k]
-            if slow < 0 or link_mbps[k] < link_mbps[slow]:
-                slow = k
-    if n < 2:
-        return 0.0
-    nbytes = (t.params[j] - t.params[i]) * t.factor / 4
-    return 2 * (n - 1) / n * nbytes / t.link_bps[slow] + 2 * (n - 1) * t.latency
-
-
-@njit(cache=True)
-def _memory_free(t, i, j, g):
-    """(time, all-reduce, most in-flight micro-batches it fits) of the best split ignoring memory (asteroid's
-    `_Search._memory_free`)."""
-    K, m = t.K, t.m
-    static, saved, peak, memory = t.static, t.saved, t.peak, t.memory
-    c = np.empty(K)
-    classes = 0
-    only = -1
-    for k in range(K):
-        if g[k]:
-            c[k] = _per_sample(t, k, i, j)
-            classes += 1
-            only = k
-    if classes == 1:
-        best = -(-m // g[only]) * c[only]
-    else:
-        inv = 0.0
-        slowest = 0.0
-        for k in range(K):
-            if g[k]:
-                inv += g[k] / c[k]
-                if c[k] > slowest:
-                    slowest = c[k]
-        lowest = m / inv
-        if slowest > lowest:
-            lowest = slowest
-        best = math.inf
-        for k in range(K):
-            if not g[k]:
-                continue
-            q = max(1, math.ceil(lowest / c[k] - 1e-9))
-            while q * c[k] < best:
-                tt = q * c[k]
-                held = 0
-                for k2 in range(K):
-                    if g[k2]:
-                        held += g[k2] * min(m, math.floor(tt / c[k2] + 1e-9))
-                if held >= m:
-                    best = tt
-                    break
-                q += 1
-    time = _fixed(t, i, j) + best
-    ar = _allreduce(t, i, j, g)
-    most = NO_CAP
-    st = static[j] - static[i]
-    sv = saved[j] - saved[i]
-    pk = peak[i, j]
-    for k in range(K):
-        if not g[k]:
-            continue
-        n = min(m, math.floor(best / c[k] + 1e-9))
-        spare = memory[k] - st - n * pk
-        if spare < 0:
-            return time, ar, 0
-        if sv:
-            most = min(most, spare // (n * sv))
-    return time, ar, most
-
-
-@njit(cache=True)
-def allocate_time(t, i, j, g, in_flight):
-    """The stage time of `costmodel.allocate` (memory-capped split) for group g, or -1 when it cannot fit."""
-    K, m = t.K, t.m
-    static, saved, peak, memory = t.static, t.saved, t.peak, t.memory
-    fixed = _fixed(t, i, j)
-    per = np.empty(K)
-    cap = np.zeros(K, np.int64)
-    size = 0
-    for k in range(K):
-        if g[k]:
-            size += g[k]
-            per[k] = _per_sample(t, k, i, j)
-            per_mem = in_flight * (saved[j] - saved[i]) + peak[i, j]
-            free = memory[k] - (static[j] - static[i])
-            cap[k] = 0 if free < 0 else (free // per_mem if per_mem > 0 else NO_CAP)
-    if size == 0 or size > m:
-        return -1.0
-    room = 0
-    for k in range(K):
-        if g[k]:
-            if cap[k] < 1:
-                return -1.0
-            room += min(cap[k], m) * g[k]
-    if room < m:
-        return -1.0
-    inv = 0.0
-    lifted = 0.0
-    for k in range(K):
-        if g[k]:
-            inv += g[k] / per[k]
-    for k in range(K):
-        if g[k]:
-            lifted += g[k] * fixed / per[k]
-    level = (m + lifted) / inv
-    base = np.zeros(K, np.int64)
-    extra = np.zeros(K, np.int64)
-    total = 0
-    for k in range(K):
-        if g[k]:
-            q = math.floor((level - fixed) / per[k])
-            base[k] = max(1, min(cap[k], q))
-            total += base[k] * g[k]
-    while total > m:
-        pick, worst = -1, -math.inf
-        for k in range(K):
-            if g[k] and (base[k] > 1 or extra[k]):
-                f = fixed + (base[k] + (1 if extra[k] else 0)) * per[k]
-                if pick < 0 or f > worst:
-                    pick, worst = k, f
-        if extra[pick]:
-            extra[pick] -= 1
-        else:
-            base[pick] -= 1
-            extra[pick] = g[pick] - 1
-        total -= 1
-    while total < m:
-        pick, best_t = -1, math.inf
-        for k in range(K):
-            if not g[k]:
-                continue
-            nxt = base[k] + 1
-            if nxt > cap[k]:
-                continue
-            t_next = fixed + nxt * per[k]
-            if t_next < best_t:
-                pick, best_t = k, t_next
-        extra[pick] += 1
-        if extra[pick] == g[pick]:
-            base[pick] += 1
-            extra[pick] = 0
-        total += 1
-    time = -math.inf
-    for k in range(K):
-        if g[k]:
-            f = fixed + (base[k] + (1 if extra[k] else 0)) * per[k]
-            if f > time:
-                time = f
-    return time
+from engine.planners.stagecosts import allocate_time, memory_free
 
 
 @njit(cache=True)
@@ -355,7 +166,7 @@ def front_search(t, cap_bound, limit, ks, k_top, cuts, states, codes, ordered, k
                                 inv += g[x] / (work / speed[x] + comm)
                         if (m / inv) + fixed > u_max:
                             continue
-                        u, ar, fits = _memory_free(t, i, j, g)
+                        u, ar, fits = memory_free(t, i, j, g)
                         if in_flight > fits:
                             u = allocate_time(t, i, j, g, in_flight)
                             if u < 0:
@@ -432,71 +243,6 @@ def front_search(t, cap_bound, limit, ks, k_top, cuts, states, codes, ordered, k
     return times[order], stages[order], entries[order], pj[:used].copy(), pg[:used].copy(), pn[:used].copy()
 
 
-Tables = namedtuple(
-    "Tables",
-    "L M m K prefix divisor out rate off gbits bits codec codec_div overhead latency params factor link_mbps "
-    "link_bps static saved peak memory Wp speed a_in a_out per_layer per_boundary total_speed",
-)
-
-
-def tables(search) -> Tables:
-    """The arrays `front_search` reads for one `asteroid._Search` (one micro-batch count)."""
-    w, cluster, classes = search.w, search.cluster, search.classes
-    L, K = w.num_layers, len(classes)
-    prefix = np.empty((K, L + 1))
-    divisor = np.ones(K)
-    codec_div = np.zeros(K)
-    level = search.levels[0]
-    for k, devs in enumerate(classes):
-        table = w._tables.get(devs[0].name)
-        if table is None:  # work / its FLOP rate
-            prefix[k] = w._work
-            divisor[k] = codec_div[k] = devs[0].flops_per_s
-        else:  # its own per-layer seconds
-            prefix[k] = table[2]
-            total = table[2][-1]
-            codec_div[k] = w._work[-1] / total if total > 0 else 0.0
-    peak_bytes = np.asarray(w.peak_bytes, dtype=np.int64)
-    peak = np.zeros((L + 1, L + 1), np.int64)
-    for i in range(L):
-        peak[i, i + 1 :] = np.maximum.accumulate(peak_bytes[i:])
-    mbps = np.array([cluster.link_mbps_of(c[0]) for c in classes], dtype=np.float64)
-    bw = float(mbps.max()) * 1e6 / 8 * OFF / level  # compressed bytes at the fastest link: a bound for every device
-    out = w.output_bytes
-    return Tables(
-        L=L,
-        M=search.M,
-        m=search.m,
-        K=K,
-        prefix=prefix,
-        divisor=divisor,
-        out=np.asarray(out, dtype=np.int64),
-        rate=np.array([cluster.link_mbps_of(c[0]) * 1e6 / 8 for c in classes]),
-        off=level >= OFF,
-        gbits=gradient_bits(level),
-        bits=level,
-        codec=float(w._codec.get(level, DEFAULT_CODEC_WORK)),
-        codec_div=codec_div,
-        overhead=float(LAYER_OVERHEAD_S),
-        latency=float(cluster.latency_s),
-        params=np.asarray(w._params, dtype=np.int64),
-        factor=ALLREDUCE[search.allreduce],
-        link_mbps=mbps,
-        link_bps=np.array([cluster.bytes_per_s_of(c[0].name) for c in classes]),
-        static=np.asarray(w._static, dtype=np.int64),
-        saved=np.asarray(w._saved, dtype=np.int64),
-        peak=peak,
-        memory=np.array([c[0].memory_bytes for c in classes], dtype=np.int64),
-        Wp=np.asarray(w.work_prefix, dtype=np.float64),
-        speed=np.asarray(search.speed, dtype=np.float64),
-        a_in=np.array([out[i - 1] / bw if i else 0.0 for i in range(L + 1)]),
-        a_out=np.array([out[j - 1] / bw if j < L else 0.0 for j in range(L + 1)]),
-        per_layer=stage_fixed_s(cluster, 1, 0),
-        per_boundary=stage_fixed_s(cluster, 0, 1),
-        total_speed=float(sum(len(c) * s for c, s in zip(classes, search.speed))),
-    )
-
-
 def warm() -> None:
     """Compile the search (or load it from numba's cache) by planning a two-layer model on two boards."""
     from engine.costmodel import Workload
@@ -506,4 +252,3 @@ def warm() -> None:
     w = Workload("warm-up", (1e9, 1e9), (2e9, 2e9), (1000, 1000), (1000, 1000), (1000, 1000), (1000, 1000), (0, 0))
     cluster = Cluster((Device.of_kind("a", "nano"), Device.of_kind("b", "nx")), name="warm-up")
     asteroid.plan(Problem(w, cluster, 4, rank=False))
-
