@@ -6,12 +6,14 @@ from __future__ import annotations
 import multiprocessing as mp
 import platform
 import random
+import statistics
 import sys
 import time
+from dataclasses import replace
 
 from engine.costmodel import Workload, ideal_throughput
 from engine.devices import CLUSTERS, Cluster, Device
-from engine.planners import COMPARED, NoFeasiblePlan, Problem, make_plan
+from engine.planners import COMPARED, NoFeasiblePlan, Problem, kernel, make_plan
 from engine.planners.asteroid import EXACT_LIMIT, search_size
 from engine.planners.common import device_classes
 from engine.progress import Progress
@@ -20,6 +22,7 @@ DEVICES = (4, 8, 16, 32, 64, 128)
 LAYERS = (20, 50, 100, 200)
 MODELS = {"mobilenetv2": 128, "resnet50": 64, "vgg16": 128, "bert-small": 32, "gpt-small": 32}
 TIMING_BATCH = 256
+REPLAN_MODELS = {"mobilenetv2": 128, "resnet50": 64, "gpt-small": 32}
 BANDWIDTHS = (1000.0, 100.0)
 QUICK = {"devices": (4, 8), "layers": (20, 50), "models": {"mobilenetv2": 128}}
 
@@ -87,13 +90,16 @@ def planner_bench(quick: bool = False, timeout: float = 60.0) -> str:
         "",
         "Search: *exact* over every assignment of devices to stages while the cluster's "
         f"(remaining, group) count-vector pairs stay <= {EXACT_LIMIT}; past that, *ordered*: stage groups are "
-        "contiguous runs of the memory order (the published planner's space). Cells over the time limit say so.",
+        "contiguous runs of the memory order (the published planner's space). Cells over the time limit say so. "
+        "Times are of a process with the compiled search loaded (a new process loads it in about 0.3 s; the first "
+        "plan after installing compiles it, about 10 s, which `make venv` does).",
         "",
         "| devices | search | " + " | ".join(f"{n} layers" for n in layers) + " |",
         "|---|---|" + "---|" * len(layers),
     ]
     boundary = exact_boundary()
     rows = sorted({*devices, boundary})
+    kernel.warm()  # every cell's process forks from this one, with the compiled search loaded
     with Progress(len(rows) * len(layers), "planning time", sys.stderr.isatty()) as bar:
         for n in rows:
             mode = "exact" if search_size(synthetic_cluster(n)) <= EXACT_LIMIT else "ordered"
@@ -113,6 +119,7 @@ def planner_bench(quick: bool = False, timeout: float = 60.0) -> str:
         "",
     ]
     lines += exact_vs_ordered(devices, layers, timeout)
+    lines += replan_table(QUICK["models"] if quick else REPLAN_MODELS, (20,) if quick else (20, 50))
     for mbps in BANDWIDTHS:
         lines += throughput_table(models, mbps) + [""]
     return "\n".join(lines)
@@ -152,6 +159,48 @@ def exact_vs_ordered(devices: tuple[int, ...], layers: tuple[int, ...], timeout:
                 f"{100 * (ordered[3] / exact[3] - 1):.1f} % |"
             )
     return [*lines, ""]
+
+
+def replan_table(models: dict[str, int], synthetic_layers: tuple[int, ...]) -> list[str]:
+    """What a recovery or a membership change waits for: the whole Asteroid planner (ranking included, as the
+    coordinator calls it) on each cluster A-D less each of its devices (a loss or a leave) and plus one device of
+    its first kind (a join), and on the synthetic 64-device cluster less one device."""
+    from engine.workloads import workload
+
+    lines = [
+        "### Re-planning time",
+        "",
+        "The whole planner, as the coordinator runs it after a loss, a leave or a join, in one process with the "
+        "compiled search loaded. *Less one*: each device of the cluster removed in turn (median and slowest of "
+        "them); *plus one*: a device of the cluster's first kind added.",
+        "",
+        "| cluster | model (batch) | less one: median | less one: slowest | plus one |",
+        "|---|---|---|---|---|",
+    ]
+    cells = [(letter, cluster, name, batch) for name, batch in models.items() for letter, cluster in CLUSTERS.items()]
+    cells += [
+        ("64 synthetic", synthetic_cluster(64), layers, TIMING_BATCH) for layers in synthetic_layers
+    ]  # fmt: skip
+    with Progress(len(cells), "re-planning time", sys.stderr.isatty()) as bar:
+        for label, cluster, name, batch in cells:
+            w = synthetic_workload(name) if isinstance(name, int) else workload(name)
+            less = [_plan_seconds(w, replace(cluster, devices=tuple(x for x in cluster.devices if x != d)), batch)
+                    for d in cluster.devices[:8]]  # fmt: skip
+            extra = Device.of_kind("joined-0", cluster.devices[0].kind)
+            plus = _plan_seconds(w, replace(cluster, devices=(*cluster.devices, extra)), batch)
+            model = f"synthetic, {name} layers" if isinstance(name, int) else f"{name} ({batch})"
+            lines.append(f"| {label} | {model} | {statistics.median(less):.3f} s | {max(less):.3f} s | {plus:.3f} s |")
+            bar.update(note=f"{label} {model}")
+    return [*lines, "", "The synthetic rows remove the first 8 devices in turn (NX, TX2 and Nano).", ""]
+
+
+def _plan_seconds(w: Workload, cluster: Cluster, batch: int) -> float:
+    start = time.perf_counter()
+    try:
+        make_plan("asteroid", Problem(w, cluster, batch))
+    except NoFeasiblePlan:
+        pass  # the time to find that nothing fits is still the re-plan's time
+    return time.perf_counter() - start
 
 
 def throughput_table(models: dict[str, int], bandwidth_mbps: float) -> list[str]:
