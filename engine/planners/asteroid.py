@@ -51,6 +51,7 @@ SLACK = 1 + 1e-9  # float headroom on bounds, so a plan exactly at the cap is ne
 EXACT_LIMIT = 1000
 GROWTH = 1.3  # without an upper bound, how much the iteration-time bound loosens per round
 STEP = 0.3  # fraction (in log scale) of the way from the lower to the upper bound each round
+LEAD_GROWTH = 1.2  # how much the bound loosens per round while only the leading micro-batch count is searched
 CLOSE = 0.05  # step until the bounds are this close, then search up to the upper bound
 # Deeper models first get an upper bound from a blocked search (see `plan`): cuts between this many blocks.
 DEEP_LAYERS, LAYER_BLOCKS = 100, 24
@@ -266,14 +267,17 @@ def _rank(problem: Problem, searches: list[_Search], best: Plan, exact: bool, pr
 def _optimise(problem: Problem, searches: list[_Search], progress: bool, upper: tuple | None = None) -> tuple:
     """The best (time, search, layout) over every micro-batch count, in rounds of loosening bounds; `upper`, a
     (time, ...) of a plan in the searches' space, bounds the first round."""
-    # A round searches every M for plans with T <= bound; the best plan of the first round that finds
-    # any is optimal, as every better plan was inside the bound too. Total work over total speed bounds
-    # T from below; data parallelism, when it fits, from above. Step between them geometrically, close
-    # to the lower bound: a round that finds nothing is cheap, a round with a loose bound is slow.
+    # A round searches for plans with T <= bound; the best plan of the first round that finds any is optimal, as
+    # every better plan was inside the bound too. Total work over total speed bounds T from below; data
+    # parallelism, when it fits, from above. Step between them geometrically, close to the lower bound: a round
+    # that finds nothing is cheap, a round with a loose bound is slow. The rounds search the leading micro-batch
+    # count (the most: usually the best) alone; once it has a plan, one round over every count bounded by that
+    # plan's time finds the optimum. Ruling a count out costs a search each, so it is done once, at a tight bound.
     floor = lo = min(s.lower_bound() * s.M for s in searches)
     hi = _data_parallel_time(problem)
     if upper is not None and upper[0] < hi:
         lo = hi = upper[0]  # one round up to that plan's time finds the optimum
+    pool = searches[:1]
     rounds = 0
     while True:
         rounds += 1
@@ -281,23 +285,39 @@ def _optimise(problem: Problem, searches: list[_Search], progress: bool, upper: 
             bound = lo * GROWTH if lo < 1e3 * floor else math.inf  # far above the floor: search everything
         elif hi / lo <= 1 + CLOSE:
             bound = hi
+        elif pool is not searches:
+            bound = min(lo * LEAD_GROWTH, hi)
         else:
             bound = lo * (hi / lo) ** STEP
         label = f"planning, round {rounds}: iterations <= {bound:.3g} s"
-        found = _round(searches, bound, relaxed=True, label=label, progress=progress)
+        found = _feasible_round(problem, pool, bound, label, progress)
+        if found and pool is not searches:
+            label = f"planning, every micro-batch count: iterations <= {found[0]:.3g} s"
+            other = _feasible_round(problem, searches[1:], found[0], label, progress)
+            return other if other and other[0] < found[0] else found
         if found:
-            plan = finish(problem, "asteroid", found[1].M, _to_stages(found[1], found[2]))
-            if plan.predicted.fits:
-                return found  # the relaxation's optimum is feasible, so it is the optimum
-            found = _round(searches, bound, relaxed=False, label=label + " (full memory)", progress=progress)
-            if found:
-                return found
+            return found
         if bound >= hi:
+            if pool is not searches:  # the leading count has no plan: search every count from the floor
+                pool, lo = searches, floor
+                continue
             raise NoFeasiblePlan(
                 f"model {problem.workload.model!r} at batch size {problem.batch_size} does not fit in the memory "
                 f"of {problem.cluster.label}"
             )
         lo = bound
+
+
+def _feasible_round(problem: Problem, searches: list[_Search], bound: float, label: str, progress: bool):
+    """The best (time, search, layout) with time <= bound that fits the real memory, or None: the relaxation's
+    optimum when it fits (then it is the optimum), else the full-memory search's."""
+    found = _round(searches, bound, relaxed=True, label=label, progress=progress)
+    if found:
+        plan = finish(problem, "asteroid", found[1].M, _to_stages(found[1], found[2]))
+        if plan.predicted.fits:
+            return found
+        found = _round(searches, bound, relaxed=False, label=label + " (full memory)", progress=progress)
+    return found
 
 
 def _block_cuts(problem: Problem) -> list[int]:

@@ -186,6 +186,9 @@ def front_search(t, cap_bound, limit, ks, k_top, cuts, states, codes, ordered, k
                         ck = 0 if relaxed else k - 1
                         cs = start[ck, j, child]
                         for e in range(cs, cs + length[ck, j, child]):
+                            # fronts are sorted by (M - 1) U + S + A, which no way of extending an entry lowers
+                            if (M - 1) * pU[e] + pS[e] + pA[e] > lim:
+                                break
                             U = u if u > pU[e] else pU[e]
                             A = ar if ar > pA[e] else pA[e]
                             if (M - 1) * (U if U > floor else floor) + pS[e] + A <= lim:
