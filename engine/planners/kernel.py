@@ -24,7 +24,7 @@ def _grow(a, need):
     return b
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def front_search(t, cap_bound, limit, ks, k_top, cuts, states, codes, ordered, keep):  # noqa: C901
     """Fill the fronts of every state, bottom-up, and return the `keep` best plans at the top.
 
