@@ -98,9 +98,6 @@ class _Search:
         self.shared = shared = {} if shared is None else shared
         self.terms_cache: dict = shared.setdefault("terms", {})
 
-    def speed_of(self, r: tuple[int, ...]) -> float:
-        return sum(c * s for c, s in zip(r, self.speed))
-
     def terms(self, k: int, i: int, j: int, in_flight: int):
         key = (k, i, j, in_flight)
         if key not in self.terms_cache:

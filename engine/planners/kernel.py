@@ -197,7 +197,9 @@ def front_search(t, cap_bound, limit, ks, k_top, cuts, states, codes, ordered, k
                                 ej, eg, en = _grow(ej, need), _grow(eg, need), _grow(en, need)
                                 eU[n_e], eS[n_e], eA[n_e], ej[n_e], eg[n_e], en[n_e] = U, u + pS[e], A, j, gcode, e
                                 n_e += 1
-                # the front: entries no other beats for every way of finishing the plan (asteroid's `_pareto`)
+                # The front: entries no other beats for every way of finishing the plan. Finishing adds stages of
+                # time x and all-reduce y to both: e1 is never worse than e2 iff S1 + (M - 1)(U1 - U2)+ +
+                # (A1 - A2)+ <= S2. A beating entry has the smaller key, so in key order only kept ones can beat.
                 start[kk, i, r] = used
                 if n_e:
                     key = np.empty(n_e)

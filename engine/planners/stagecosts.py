@@ -63,8 +63,15 @@ def _allreduce(t, i, j, g):
 
 @njit(cache=True)
 def memory_free(t, i, j, g):
-    """(time, all-reduce, most in-flight micro-batches it fits) of the best split ignoring memory (asteroid's
-    `_Search._memory_free`)."""
+    """(time, all-reduce, most in-flight micro-batches every device still fits it) of group g's best split of m
+    samples over layers [i, j) ignoring memory.
+
+    With identical devices per class the optimum has a closed form: every device's time is fixed + n * c_k, so the
+    stage time is fixed + t for the least t on some class's grid q * c_k with sum_k count_k * floor(t / c_k) >= m,
+    at least one sample per device. t lies between the fractional water level and that plus one sample of the
+    slowest class; the same products as `costmodel.allocate`'s, so the times agree exactly (the planner's tests
+    check it). Memory only caps the in-flight micro-batches: while this split fits, it is the optimum.
+    """
     K, m = t.K, t.m
     static, saved, peak, memory = t.static, t.saved, t.peak, t.memory
     c = np.empty(K)
