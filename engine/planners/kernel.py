@@ -4,7 +4,8 @@
 order, so the plans are those of the search as written there. Python prepares `stagecosts.Tables` (prefix sums
 and per-class constants, once per micro-batch count) and `front_search` fills every state's front bottom-up (a state
 only needs states of later first layers), skipping at entry every state the bound rules out; the caller follows
-the links of the entries it returns. The first call compiles (a few seconds, cached on disk after that).
+the links of the entries it returns. The first call compiles (about 10 s, cached on disk after that; `make venv`
+compiles it).
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ def front_search(t, cap_bound, limit, ks, k_top, cuts, states, codes, ordered, k
     `states[r]`: the device counts of state r; `codes`: mixed-radix strides turning counts into a state index
     (exact search) or, when `ordered`, states are "the first r devices in memory order used". `ks`: the stage
     counts wanted at the top (0: any, the relaxed memory); `cuts[k, j]`: whether a stage with k stages to go
-    (itself included) may end after layer j. Returns (top times, top entry indices, the entries' end layer,
-    group code and next entry).
+    (itself included) may end after layer j. Returns the top plans (their times, stage counts and entries,
+    fastest first) and every entry's end layer, group code and next entry, for the caller to follow.
     """
     L, M, m, K = t.L, t.M, t.m, t.K
     Wp, speed, a_in, a_out = t.Wp, t.speed, t.a_in, t.a_out
