@@ -22,6 +22,7 @@ from engine.errors import UserError
 from engine.plan import Plan
 from engine.planners import COMPARED, PLANNERS, NoFeasiblePlan, Problem
 from engine.planners.levels import plan_compressed
+from engine.schedule import SCHEDULES
 
 
 class _Parser(argparse.ArgumentParser):
@@ -81,6 +82,17 @@ def _allreduce_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _schedule_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--schedule",
+        default="auto",
+        choices=["auto", *SCHEDULES],
+        help="the pipeline schedule: 1F1B, or zero-bubble ZB-H1 (1F1B's memory) or ZB-H2 (more activations held), "
+        "whose backward is split into input and weight gradients; default auto: Asteroid simulates each and keeps "
+        "the fastest that fits",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m engine", description="Plan, simulate and benchmark hybrid pipeline training.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -96,8 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the plan JSON (with --method all: every plan)")
     _compression_argument(p)
     _allreduce_argument(p)
+    _schedule_argument(p)
 
-    s = sub.add_parser("simulate", help="simulate one 1F1B iteration of a plan file")
+    s = sub.add_parser("simulate", help="simulate one iteration of a plan file (under its schedule)")
     s.add_argument("--plan", required=True, help="a plan JSON file (from `plan --json`, or hand-edited)")
     s.add_argument("--trace", help="write a Chrome-trace file (open in Perfetto or chrome://tracing)")
     s.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -139,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _compression_argument(t)
     _allreduce_argument(t)
+    _schedule_argument(t)
     t.add_argument("--seed", type=int, default=0, help="seed of the weights and the batch order")
     t.add_argument("--timeout", type=_positive_float, default=30.0, help="seconds before a silent device is dead")
     t.add_argument("--save", help="write the trained model as one state_dict (torch.save) to this file")
@@ -196,13 +210,15 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="run a benchmark and print its tables")
     b.add_argument(
         "name",
-        choices=["planner", "reproduce", "recovery", "compression", "predictor", "spread", "ideal"],
+        choices=["planner", "reproduce", "recovery", "compression", "predictor", "spread", "ideal", "schedule"],
         help="planner: planning time and predicted throughput; reproduce: train every method on clusters A-D; "
         "recovery: recovery from killed devices against a checkpoint-restart baseline; compression: training at "
         "each compression level between stages against none; predictor: latency prediction for an unseen device, leave "
         "one measured configuration out; spread: FTPipeHD's setting (an NX beside boards 10x slower), Asteroid, "
         "FTPipeHD and the even pipeline trained; ideal: where the device time of Asteroid's plans goes against the "
-        "ideal, by batch size (simulated; default clusters B and C at 1000 Mbps)",
+        "ideal, by batch size (simulated; default clusters B and C at 1000 Mbps); schedule: 1F1B against the "
+        "zero-bubble schedules on Asteroid's plans, simulated and trained (default mobilenetv2 and gpt-small on B "
+        "and C at 1000 Mbps; --quick: simulated only)",
     )
     b.add_argument("--quick", action="store_true", help="a small grid, for a fast look")
     b.add_argument("--timeout", type=_positive_float, default=60.0, help="planner: seconds allowed per cell")
@@ -210,12 +226,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--clusters",
         default=None,
-        help="reproduce, recovery, compression, ideal: clusters to run (default ABCD; compression: C; ideal: BC)",
+        help="reproduce, recovery, compression, ideal, schedule: clusters to run (default ABCD; compression: C; ideal, "
+        "schedule: BC)",
     )
     b.add_argument(
         "--models",
-        help="reproduce, recovery, compression, spread, ideal: comma-separated models (default: the paper's four; "
-        "compression: mobilenetv2,gpt-small; spread: mobilenetv2,vgg16,bert-small)",
+        help="reproduce, recovery, compression, spread, ideal, schedule: comma-separated models (default: the paper's "
+        "four; compression, schedule: mobilenetv2,gpt-small; spread: mobilenetv2,vgg16,bert-small)",
     )
     b.add_argument(
         "--bandwidths",
@@ -226,7 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--iterations",
         type=_positive_int,
-        help="reproduce: iterations per run (default 2); spread: per run (default 4); compression: of the accuracy "
+        help="reproduce: iterations per run (default 2); spread, schedule: per run (default 4); compression: of the "
+        "accuracy "
         "runs (60 for mobilenetv2, 20 "
         "for gpt-small); recovery: iterations per run (default 10, "
         "the failure in iteration 6, or the one before the last in shorter runs)",
@@ -282,7 +300,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     cluster = load_cluster(args.cluster, args.bandwidth_mbps)
     w = workload(args.model, refresh=args.refresh_profile, optimizer=args.optimizer, cluster=cluster)
-    problem = Problem(w, cluster, args.batch_size, allreduce=args.allreduce)
+    problem = Problem(w, cluster, args.batch_size, allreduce=args.allreduce, schedule=args.schedule)
     if args.method != "all":
         plan = fitting_plan(args.method, problem, args.compression)
         print(json.dumps(plan.to_dict(), indent=2) if args.json else plan_table(plan))
@@ -413,6 +431,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             raise UserError("a plan file sets its own compression (its 'compression' field): drop --compression")
         if args.allreduce != "off":
             raise UserError("a plan file sets its own all-reduce format (its 'allreduce' field): drop --allreduce")
+        if args.schedule != "auto":
+            raise UserError("a plan file sets its own schedule (its 'schedule' field): drop --schedule")
         plan = _read_plan(args.plan)
         w = workload(plan.model, cluster=plan.cluster)
     else:
@@ -422,7 +442,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             raise UserError("a distributed run trains a plan file: pass --plan (every device the same)")
         cluster = load_cluster(args.cluster, args.bandwidth_mbps)
         w = workload(args.model, cluster=cluster)
-        problem = Problem(w, cluster, args.batch_size, allreduce=args.allreduce)
+        problem = Problem(w, cluster, args.batch_size, allreduce=args.allreduce, schedule=args.schedule)
         plan = fitting_plan(args.method, problem, args.compression)
     plan.validate(w.num_layers)
     if not args.resume:

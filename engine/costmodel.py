@@ -63,6 +63,9 @@ class Workload:
     # Devices (by name) whose per-layer seconds are known (a measured table or the latency predictor's): their
     # forward and backward seconds per sample of each layer, used instead of work / their FLOP rate.
     device_times: Mapping[str, tuple[tuple[float, ...], tuple[float, ...]]] = field(default_factory=dict)
+    # The share of each layer's backward that computes its weight gradients (the W of a zero-bubble schedule;
+    # engine.schedule), as the profile measured it. Empty: half for a layer with parameters, none otherwise.
+    weight_share: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.forward_flops)
@@ -90,6 +93,10 @@ class Workload:
             tables[name] = (cum(fwd).tolist(), cum(bwd).tolist(), cum(np.add(fwd, bwd)).tolist())
         object.__setattr__(self, "_tables", tables)
         object.__setattr__(self, "_codec", dict(self.codec_work))
+        share = self.weight_share or tuple(0.5 if p > 0 else 0.0 for p in self.param_bytes)
+        if len(share) != n or not all(0.0 <= x <= 1.0 for x in share):
+            raise ValueError(f"workload {self.model}: weight_share needs a share in [0, 1] for each of {n} layers")
+        object.__setattr__(self, "_share", np.asarray(share, dtype=float))
 
     @property
     def num_layers(self) -> int:
@@ -119,6 +126,13 @@ class Workload:
     def backward_s(self, dev: Device, i: int, j: int) -> float:
         table = self._tables.get(dev.name)
         return self.backward(i, j) / dev.flops_per_s if table is None else table[1][j] - table[1][i]
+
+    def weight_fraction(self, dev: Device, i: int, j: int) -> float:
+        """The share of `dev`'s backward over layers [i, j) that computes weight gradients."""
+        table = self._tables.get(dev.name)
+        bwd = np.asarray(self.backward_flops[i:j] if table is None else np.diff(table[1][i : j + 1]), dtype=float)
+        total = float(bwd.sum())
+        return float(bwd @ self._share[i:j]) / total if total > 0 else 0.0
 
     def speed_bound(self, dev: Device) -> float:
         """A FLOP rate `dev` never beats on any layer range (work / it <= compute_s): its own rate, or for a
@@ -191,6 +205,7 @@ class Workload:
             peak_bytes=tuple(int(lp.peak_bytes) for lp in layers),
             param_bytes=tuple(int(lp.param_bytes) for lp in layers),
             optimizer_bytes=tuple(int(lp.optimizer_bytes) for lp in layers),
+            weight_share=tuple(min(1.0, lp.weight_s / lp.backward_s) if lp.backward_s > 0 else 0.0 for lp in layers),
         )
 
 
@@ -367,7 +382,7 @@ def score(plan: Plan, w: Workload, replicate_every: int = 0) -> Prediction:
     cluster, M, S = plan.cluster, plan.micro_batches, len(plan.stages)
     times, reduces, memory, busy, fits = [], [], {}, 0.0, True
     for p, st in enumerate(plan.stages):
-        held = schedule.in_flight(S, M, p)
+        held = schedule.in_flight(S, M, p, plan.schedule)
         levels = (plan.level(p - 1) if p else OFF, plan.level(p))
         terms = [stage_terms(w, cluster, cluster.device(s.name), st.start, st.end, held, levels) for s in st.devices]
         times.append(stage_time(terms, [s.samples for s in st.devices]))

@@ -38,7 +38,7 @@ from typing import Any, ClassVar
 
 from engine.errors import UserError
 
-KINDS = ("F", "B", "send", "recv", "all-reduce")  # the kinds of a step
+KINDS = ("F", "B", "W", "send", "recv", "all-reduce")  # the kinds of a step (W: a deferred weight gradient)
 MAX_INT = 2**63 - 1  # what a database's bigint column holds
 
 
@@ -109,7 +109,7 @@ class DeviceStart(Event):
 
 @dataclass(frozen=True)
 class StepEvent(Event):
-    """One step of one device: compute (F/B), a transfer (send/recv) or the stage's gradient all-reduce."""
+    """One step of one device: compute (F, B, W), a transfer (send/recv) or the stage's gradient all-reduce."""
 
     TYPE = "step"
     NON_NEGATIVE = ("stage", "start", "end", "iteration")

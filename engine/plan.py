@@ -6,6 +6,7 @@ from dataclasses import dataclass, field, replace
 
 from engine.devices import Cluster
 from engine.errors import UserError
+from engine.schedule import SCHEDULES
 
 OFF = 32  # the level of an uncompressed boundary (float32); engine.compression has the codec
 LEVELS = (8, 4, 2)
@@ -122,6 +123,7 @@ class Plan:
     # or OFF (32: float32, uncompressed). Empty: every boundary uncompressed.
     compression: tuple[int, ...] = ()
     allreduce: str = "off"  # the stage all-reduce's wire format: a key of ALLREDUCE
+    schedule: str = "1f1b"  # the pipeline schedule every stage runs: one of engine.schedule.SCHEDULES
 
     def level(self, boundary: int) -> int:
         """The compression level of the boundary after stage `boundary`."""
@@ -178,6 +180,8 @@ class Plan:
             raise UserError(f'plan: compression levels must be "off", 8, 4 or 2, got {bad[0]!r}')
         if not isinstance(self.allreduce, str) or self.allreduce not in ALLREDUCE:
             raise UserError(f"plan: allreduce must be one of {', '.join(ALLREDUCE)}, got {self.allreduce!r}")
+        if not isinstance(self.schedule, str) or self.schedule not in SCHEDULES:
+            raise UserError(f"plan: schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
         names = self.device_names
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
@@ -189,6 +193,10 @@ class Plan:
     def with_compression(self, levels: tuple[int, ...]) -> Plan:
         """This plan with these per-boundary levels (no prediction: re-score it)."""
         return replace(self, compression=tuple(levels) if any(b < OFF for b in levels) else (), predicted=None)
+
+    def with_schedule(self, name: str) -> Plan:
+        """This plan run under schedule `name` (no prediction: re-score it)."""
+        return replace(self, schedule=name, predicted=None)
 
     def to_dict(self) -> dict:
         doc = {
@@ -207,6 +215,8 @@ class Plan:
             doc["compression"] = ["off" if b >= OFF else b for b in self.compression]
         if self.allreduce != "off":
             doc["allreduce"] = self.allreduce
+        if self.schedule != "1f1b":
+            doc["schedule"] = self.schedule
         if self.predicted is not None:
             doc["predicted"] = self.predicted.to_dict()
         return doc
@@ -264,7 +274,10 @@ class Plan:
         allreduce = doc.get("allreduce", "off")
         if not isinstance(allreduce, str) or allreduce not in ALLREDUCE:
             raise UserError(f"plan: field 'allreduce' must be one of {', '.join(ALLREDUCE)}, got {allreduce!r:.40}")
+        sched = doc.get("schedule", "1f1b")
+        if not isinstance(sched, str) or sched not in SCHEDULES:
+            raise UserError(f"plan: field 'schedule' must be one of {', '.join(SCHEDULES)}, got {sched!r:.40}")
         return cls(
             str(need("method", str)), need("model", str), batch_size, micro_batches, tuple(stages), cluster, predicted,
-            compression, allreduce,
+            compression, allreduce, sched,
         )  # fmt: skip

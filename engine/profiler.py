@@ -25,7 +25,7 @@ from engine.models import ModelSpec, get_model, layer_name
 from engine.progress import Progress
 
 # Bump when the measurement changes, so old cache files are re-profiled.
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2
 # Optimizer state per trainable parameter, in parameter sizes: SGD momentum buffer; Adam's two moments.
 OPTIMIZER_STATES = {"sgd": 1, "adam": 2}
 
@@ -35,8 +35,10 @@ class LayerProfile:
     """One layer at the profiled micro-batch. Times, FLOPs and activation bytes are per sample.
 
     forward_s/backward_s: median host seconds / micro_batch; backward is this layer's alone, given its
-    output gradient. flops: forward + backward (FlopCounterMode: matmuls, convolutions; elementwise ops,
-    pooling, norms and embedding lookups count 0). saved_bytes: storages autograd keeps for backward,
+    output gradient. weight_s: the part of backward_s that computes the weight gradients (the whole backward
+    less one that computes the input gradient alone; all of it for layer 0, which sends no gradient back).
+    flops: forward + backward (FlopCounterMode: matmuls, convolutions; elementwise ops, pooling, norms and
+    embedding lookups count 0). saved_bytes: storages autograd keeps for backward,
     deduplicated, parameters excluded. peak_bytes (estimate): input + output + saved + output grad +
     input grad (the latter only when the layer sends a gradient back, i.e. not for layer 0).
     """
@@ -50,6 +52,7 @@ class LayerProfile:
     param_bytes: int
     optimizer_bytes: int
     peak_bytes: int
+    weight_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -169,9 +172,10 @@ def _counted_pass(layer: nn.Module, x: Tensor) -> tuple[float, int]:
     return float(counter.get_total_flops()), sum(saved.values())
 
 
-def _time_layer(layer: nn.Module, x: Tensor, repeats: int, warmup: int) -> tuple[float, float, Tensor]:
-    """Median forward and backward seconds (whole micro-batch), and the layer's output."""
-    forward, backward = [], []
+def _time_layer(layer: nn.Module, x: Tensor, repeats: int, warmup: int) -> tuple[float, float, float, Tensor]:
+    """Median forward, backward and input-gradient-only backward seconds (whole micro-batch; the last is the
+    whole backward where the input takes no gradient), and the layer's output."""
+    forward, backward, input_only = [], [], []
     grad = None
     for r in range(warmup + repeats):
         layer.zero_grad(set_to_none=True)
@@ -182,12 +186,16 @@ def _time_layer(layer: nn.Module, x: Tensor, repeats: int, warmup: int) -> tuple
         if y.requires_grad:
             if grad is None:
                 grad = torch.randn_like(y)
-            y.backward(grad)
+            y.backward(grad, retain_graph=x.requires_grad)
         t2 = time.perf_counter()
+        if x.requires_grad:
+            torch.autograd.grad(y, x, grad)  # autograd skips the weight gradients nobody asked for
+        t3 = time.perf_counter()
         if r >= warmup:
             forward.append(t1 - t0)
             backward.append(t2 - t1)
-    return statistics.median(forward), statistics.median(backward), y.detach()
+            input_only.append(t3 - t2 if x.requires_grad else t2 - t1)
+    return statistics.median(forward), statistics.median(backward), statistics.median(input_only), y.detach()
 
 
 def _profile_layer(
@@ -196,7 +204,7 @@ def _profile_layer(
     # Layer 0 gets data (no input gradient); later layers get activations whose gradient is sent back.
     x = x.detach().requires_grad_(index > 0 and x.is_floating_point())
     flops, saved = _counted_pass(layer, x)
-    forward_s, backward_s, y = _time_layer(layer, x, repeats, warmup)
+    forward_s, backward_s, input_s, y = _time_layer(layer, x, repeats, warmup)
     params, trainable = _state_bytes(layer)
     in_bytes = x.numel() * x.element_size() // micro_batch
     out_bytes = y.numel() * y.element_size() // micro_batch
@@ -213,6 +221,7 @@ def _profile_layer(
         param_bytes=params,
         optimizer_bytes=trainable * OPTIMIZER_STATES[optimizer],
         peak_bytes=peak,
+        weight_s=(backward_s if not x.requires_grad else max(0.0, backward_s - input_s)) / micro_batch,
     )
     return profile, y
 

@@ -8,15 +8,27 @@ alternates one forward and one backward, then drains the remaining backwards. Fo
     stage 2:  F0 B0 F1 B1 F2 B2 F3 B3
 
 Every device of a stage runs its stage's list on its own share of each micro-batch.
+
+Zero-bubble schedules (Qi et al., ICLR'24) split each backward in two: B, the input gradient the previous
+stage waits for, and W, the weight gradient, needed only before the optimizer step. W steps then fill the
+bubbles. Asteroid's stages are unequal, so the lists are built from the plan's own step times (`zero_bubble`):
+a stage runs a backward as soon as its gradient is in, else a forward while it holds fewer than its cap of
+micro-batches, else a deferred W. ZB-H1 keeps 1F1B's cap (the same activation memory); ZB-H2 about doubles
+it to fill the warm-up bubble too. The first stage sends no gradient back, so its whole backward is W.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
+# The schedules a plan may run; "1f1b" runs each backward whole, the others split it into B and W.
+SCHEDULES = ("1f1b", "zb-h1", "zb-h2")
+KINDS = ("F", "B", "W")
+
 
 class Action(NamedTuple):
-    """One step of a stage: "F" (forward) or "B" (backward) of a micro-batch; string form "2F0"."""
+    """One step of a stage: "F" (forward), "B" (backward: whole, or its input gradient where the schedule splits
+    it) or "W" (the weight gradient) of a micro-batch; string form "2F0"."""
 
     stage: int
     kind: str
@@ -27,7 +39,7 @@ class Action(NamedTuple):
 
     @classmethod
     def parse(cls, text: str) -> Action:
-        for kind in ("F", "B"):
+        for kind in KINDS:
             if kind in text:
                 stage, mb = text.split(kind)
                 return cls(int(stage), kind, int(mb))
@@ -53,6 +65,113 @@ def one_f_one_b(num_stages: int, micro_batches: int) -> dict[int, list[Action]]:
     return schedule
 
 
-def in_flight(num_stages: int, micro_batches: int, stage: int) -> int:
-    """Most micro-batches whose activations stage `stage` holds at once under 1F1B."""
+def in_flight(num_stages: int, micro_batches: int, stage: int, name: str = "1f1b") -> int:
+    """Most micro-batches whose activations stage `stage` holds at once under schedule `name` (a forward's
+    activations are held until its backward, or its W where the backward is split)."""
+    if name == "zb-h2":  # up to twice 1F1B's warm-up, and room on every stage to defer W into the drain
+        return min(2 * num_stages - 1, micro_batches)
     return min(num_stages - stage, micro_batches)
+
+
+class StageTimes(NamedTuple):
+    """One stage's step times, as the list builder sees them: its slowest device's F, B (input gradient) and W
+    (weight gradient), and how long its activations (forward) and input gradients (back) take to arrive."""
+
+    forward: float
+    backward: float
+    weight: float
+    send_forward: float
+    send_backward: float
+
+
+def zero_bubble(times: list[StageTimes], micro_batches: int, name: str = "zb-h1") -> dict[int, list[Action]]:
+    """Per-stage lists of F, B and W actions for stages with these step times. Forwards and backwards keep
+    1F1B's order, after `warm-up` forwards (ZB-H1: 1F1B's S - s - 1; ZB-H2: 2 (S - s) - 2, to fill the
+    warm-up bubble); the W steps go where `_replay` finds the stage idle or its memory cap reached. ZB-H2 tries
+    two caps (2 (S - s) - 1 but at least S, and 2 S - 1 everywhere) and keeps the lists that end first."""
+    S, M = len(times), micro_batches
+    if S < 1 or M < 1:
+        raise ValueError(f"need >= 1 stage and micro-batch, got {S} and {M}")
+    if name == "zb-h1":
+        return _replay(times, M, [S - s - 1 for s in range(S)], [in_flight(S, M, s) for s in range(S)])[1]
+    if name != "zb-h2":
+        raise ValueError(f"not a zero-bubble schedule: {name!r}")
+    warm = [2 * (S - s) - 2 for s in range(S)]
+    tried = [_replay(times, M, warm, [max(2 * (S - s) - 1, S) for s in range(S)])]
+    tried.append(_replay(times, M, warm, [in_flight(S, M, s, name) for s in range(S)]))
+    return min(tried, key=lambda t: t[0])[1]
+
+
+def _replay(times: list[StageTimes], M: int, warm: list[int], cap: list[int]) -> tuple[float, dict[int, list[Action]]]:
+    """Replay the pipeline in time order, building each stage's list, and say when it ends. A free stage runs
+    its next forward or backward (in 1F1B's order after warm[s] forwards) once its input or gradient is in and,
+    for a forward, while it holds fewer than cap[s] micro-batches; else its oldest deferred W if that W would
+    not hold up an input or gradient already on its way, or the cap demands it; else it waits."""
+    S = len(times)
+    order = [_forward_backward_order(M, min(warm[s], M)) for s in range(S)]
+    clock, pos = [0.0] * S, [0] * S
+    done = [{"F": 0, "B": 0, "W": 0} for _ in range(S)]
+    inputs = [[0.0] * M if s == 0 else [None] * M for s in range(S)]  # when each micro-batch's input arrives
+    grads: list[list[float | None]] = [[None] * M for _ in range(S)]  # ... and its output gradient
+    lists: dict[int, list[Action]] = {s: [] for s in range(S)}
+    waiting = [False] * S  # nothing the stage can run has arrived yet
+    while True:
+        open_ = [s for s in range(S) if not waiting[s] and len(lists[s]) < 3 * M]
+        if not open_:
+            if all(len(lists[s]) == 3 * M for s in range(S)):
+                return max(clock), lists
+            raise RuntimeError("zero_bubble: no stage can move (a dependency is never met)")
+        s = min(open_, key=lambda k: (clock[k], k))
+        t, n, st = clock[s], done[s], times[s]
+        nxt = order[s][pos[s]] if pos[s] < len(order[s]) else None
+        at, capped = None, False
+        if nxt is not None:
+            at = (inputs if nxt[0] == "F" else grads)[s][nxt[1]]
+            capped = nxt[0] == "F" and n["F"] - n["W"] >= cap[s]
+        if nxt is not None and not capped and at is not None and at <= t:
+            kind, length = nxt[0], st.forward if nxt[0] == "F" else st.backward
+            pos[s] += 1
+        elif n["W"] < n["B"] and (capped or at is None or t + st.weight <= at):
+            kind, length = "W", st.weight
+        else:
+            if at is not None:
+                clock[s] = max(t, at)
+            else:
+                waiting[s] = True
+            continue
+        mb = n[kind]
+        lists[s].append(Action(s, kind, mb))
+        n[kind] += 1
+        clock[s] = end = t + length
+        if kind == "F":
+            if s + 1 < S:
+                inputs[s + 1][mb] = end + st.send_forward
+                waiting[s + 1] = False
+            else:
+                grads[s][mb] = end  # the last stage's loss gradient is its own
+        elif kind == "B" and s > 0:
+            grads[s - 1][mb] = end + st.send_backward
+            waiting[s - 1] = False
+
+
+def _forward_backward_order(M: int, warm: int) -> list[tuple[str, int]]:
+    """1F1B's order of forwards and backwards after `warm` warm-up forwards."""
+    order = [("F", m) for m in range(warm)]
+    f = warm
+    for b in range(M):
+        if f < M:
+            order.append(("F", f))
+            f += 1
+        order.append(("B", b))
+    return order
+
+
+def held(actions: list[Action]) -> int:
+    """Most micro-batches a stage's list holds activations for at once (forwards not yet freed by their W, or by
+    their backward where the list has no W)."""
+    frees = "W" if any(a.kind == "W" for a in actions) else "B"
+    now = peak = 0
+    for a in actions:
+        now += (a.kind == "F") - (a.kind == frees)
+        peak = max(peak, now)
+    return peak

@@ -1,14 +1,15 @@
-"""Discrete-event simulation of one 1F1B iteration of a plan: per-device timeline, iteration time, bubble.
+"""Discrete-event simulation of one iteration of a plan: per-device timeline, iteration time, bubble.
 
 Step durations come from engine.steps (the cost model's terms: forward, backward, transfers, all-reduce),
-the same numbers the emulated runtime pads to. Each device runs its stage's 1F1B action list in order on
-its own slice of every micro-batch. A forward waits for every input slice from the previous stage, a
-backward for every gradient slice from the next; after a step the device sends each neighbour exactly the
-intersection of their two sample ranges. Sends do not hold the device up (as in the runtime): they queue on
-its outgoing link, one at a time, while it computes on. After its last backward, and once its link is done,
-a stage all-reduces its gradients. An iteration that ends at a replication point (`replicate`)
-then has each stage's first device copy its layers to its neighbour and to the coordinator, as the
-runtime does once every device has committed the iteration.
+the same numbers the emulated runtime pads to. Each device runs its stage's action list under the plan's
+schedule (engine.schedule: 1F1B, or a zero-bubble one whose B is the input gradient and W the weight
+gradient, run later) in order on its own slice of every micro-batch. A forward waits for every input slice
+from the previous stage, a backward for every gradient slice from the next; after a step the device sends
+each neighbour exactly the intersection of their two sample ranges. Sends do not hold the device up (as in
+the runtime): they queue on its outgoing link, one at a time, while it computes on. After its last step
+(backward or W), and once its link is done, a stage all-reduces its gradients. An iteration that ends at a
+replication point (`replicate`) then has each stage's first device copy its layers to its neighbour and to
+the coordinator, as the runtime does once every device has committed the iteration.
 """
 
 from __future__ import annotations
@@ -18,8 +19,7 @@ from dataclasses import dataclass
 from engine.costmodel import Workload, link_s, replica_bytes, score
 from engine.events import StepEvent
 from engine.plan import Plan
-from engine.schedule import one_f_one_b
-from engine.steps import device_steps
+from engine.steps import device_steps, stage_actions
 
 
 @dataclass(frozen=True)
@@ -50,14 +50,17 @@ class Simulation:
 
 def simulate(plan: Plan, w: Workload, replicate: bool = False) -> Simulation:
     prediction = score(plan, w)  # validates the plan and gives memory and the closed form
-    M, S = plan.micro_batches, len(plan.stages)
-    schedule = one_f_one_b(S, M)
+    S = len(plan.stages)
     steps = device_steps(plan, w)
+    schedule = stage_actions(plan, steps)
+    split = plan.schedule != "1f1b"
     info = {
         name: {
             "stage": d.stage,
             "F": d.forward_s,
-            "B": d.backward_s,
+            "B": d.backward_s - d.weight_s if split else d.backward_s,
+            "W": d.weight_s,
+            "send_W": [],
             "send_F": [(t.peer, t.seconds) for t in d.send_forward],
             "send_B": [(t.peer, t.seconds) for t in d.send_backward],
         }
@@ -82,7 +85,7 @@ def simulate(plan: Plan, w: Workload, replicate: bool = False) -> Simulation:
             while position[name] < len(acts):
                 act = acts[position[name]]
                 got = arrivals.get((name, act.kind, act.micro_batch), [])
-                if len(got) < expected[(name, act.kind)]:
+                if act.kind != "W" and len(got) < expected[(name, act.kind)]:
                     break
                 ready = max(got, default=0.0)
                 if act.kind == "B" and d["stage"] == S - 1:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from engine.costmodel import Workload, allreduce_s, link_s
 from engine.devices import LAYER_OVERHEAD_S
 from engine.plan import OFF, Plan, Stage, gradient_bits
+from engine.schedule import Action, StageTimes, one_f_one_b, zero_bubble
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,9 @@ class DeviceSteps:
     hi: int
     forward_s: float
     backward_s: float
+    # The part of backward_s that computes weight gradients: the W step where the schedule splits the backward
+    # (engine.schedule); all of it on the first stage, which sends no gradient back.
+    weight_s: float
     send_forward: tuple[Transfer, ...]  # activations to the next stage, after each F
     send_backward: tuple[Transfer, ...]  # input gradients to the previous stage, after each B
     recv_forward: tuple[Transfer, ...]  # activation slices from the previous stage, before each F
@@ -83,13 +87,15 @@ def device_steps(plan: Plan, w: Workload) -> dict[str, DeviceSteps]:
             dev, n = cluster.device(name), hi - lo
             # Half of a compressed boundary's codec time falls in the forward (activations), half in the backward.
             codec = (w.codec_s(dev, a_in / 4, b_in) + w.codec_s(dev, a_out / 4, b_out)) / 2
+            backward = layers * LAYER_OVERHEAD_S + n * (w.backward_s(dev, st.start, st.end) + codec)
             out[name] = DeviceSteps(
                 name=name,
                 stage=s,
                 lo=lo,
                 hi=hi,
                 forward_s=layers * LAYER_OVERHEAD_S + n * (w.forward_s(dev, st.start, st.end) + codec),
-                backward_s=layers * LAYER_OVERHEAD_S + n * (w.backward_s(dev, st.start, st.end) + codec),
+                backward_s=backward,
+                weight_s=backward if s == 0 else backward * w.weight_fraction(dev, st.start, st.end),
                 send_forward=moves(name, lo, hi, s + 1, a_out * b_out / OFF),
                 send_backward=moves(name, lo, hi, s - 1, a_in * gradient_bits(b_in) / OFF),
                 recv_forward=moves(name, lo, hi, s - 1, a_in * b_in / OFF),
@@ -97,3 +103,24 @@ def device_steps(plan: Plan, w: Workload) -> dict[str, DeviceSteps]:
                 allreduce_s=reduce,
             )
     return out
+
+
+def stage_actions(plan: Plan, steps: dict[str, DeviceSteps]) -> dict[int, list[Action]]:
+    """Every stage's action list under the plan's schedule; a zero-bubble one is built from each stage's slowest
+    device's step times, so every process that has the plan's steps builds the same lists."""
+    S, M = len(plan.stages), plan.micro_batches
+    if plan.schedule == "1f1b":
+        return one_f_one_b(S, M)
+    times = []
+    for st in plan.stages:
+        ds = [steps[d.name] for d in st.devices]
+        times.append(
+            StageTimes(
+                forward=max(d.forward_s for d in ds),
+                backward=max(d.backward_s - d.weight_s for d in ds),
+                weight=max(d.weight_s for d in ds),
+                send_forward=max(sum(t.seconds for t in d.send_forward) for d in ds),
+                send_backward=max(sum(t.seconds for t in d.send_backward) for d in ds),
+            )
+        )
+    return zero_bubble(times, M, plan.schedule)

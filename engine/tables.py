@@ -63,6 +63,8 @@ def plan_table(plan: Plan) -> str:
         out.append(f"compression between stages: {levels}")
     if plan.allreduce != "off":
         out.append(f"stage all-reduce: {plan.allreduce} (half the bytes of float32)")
+    if plan.schedule != "1f1b":
+        out.append(f"schedule: {plan.schedule} (backward split into input and weight gradients, engine/schedule.py)")
     if p:
         out += [
             "",
@@ -116,16 +118,17 @@ def simulation_table(plan: Plan, sim: Simulation) -> str:
                     share.name,
                     f"{b.get('F', 0):.3f}",
                     f"{b.get('B', 0):.3f}",
+                    f"{b.get('W', 0):.3f}",
                     f"{b.get('send', 0):.3f}",
                     f"{b.get('all-reduce', 0):.3f}",
                     f"{100 * (1 - total / sim.iteration_s):.0f}%",
                     f"{gib(sim.memory_bytes[share.name])} / {gib(plan.cluster.device(share.name).memory_bytes)}",
                 ]
             )
-    header = ["stage", "device", "F s", "B s", "send s", "all-reduce s", "idle", "memory GiB"]
+    header = ["stage", "device", "F s", "B s", "W s", "send s", "all-reduce s", "idle", "memory GiB"]
     return "\n".join(
         [
-            f"simulated 1F1B iteration of the {plan.method} plan for {plan.model} "
+            f"simulated {plan.schedule.upper()} iteration of the {plan.method} plan for {plan.model} "
             f"({plan.micro_batches} micro-batches of {plan.micro_batch_size})",
             "",
             _table(header, rows),

@@ -1,5 +1,5 @@
 """Benchmarks, kept apart from the library: `python -m engine bench planner|reproduce|recovery|compression|predictor|
-spread|ideal` (arguments in engine/cli.py).
+spread|ideal|schedule` (arguments in engine/cli.py).
 
 planner.py: planning time and every method's predicted throughput; reproduce.py: every method trained on emulated
 clusters A-D, and its summaries as plain data; render.py: those summaries as markdown and a Plotly figure.
@@ -18,6 +18,7 @@ def run(args: argparse.Namespace) -> str:
     """The markdown report of the benchmark `args.name`, from the `python -m engine bench` arguments."""
     benches = {"planner": run_planner, "reproduce": run_reproduce, "recovery": run_recovery}
     benches |= {"compression": run_compression, "predictor": run_predictor, "spread": run_spread, "ideal": run_ideal}
+    benches["schedule"] = run_schedule
     return benches[args.name](args)
 
 
@@ -217,3 +218,28 @@ def run_ideal(args: argparse.Namespace) -> str:
     command = "python -m engine " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["bench"] else "bench ideal"
     rows = ideal.ideal_bench({m: MODELS[m] for m in names}, clusters, mbps, sys.stderr.isatty())
     return ideal.report(rows, command, mbps)
+
+
+def run_schedule(args: argparse.Namespace) -> str:
+    """1F1B against the zero-bubble schedules, simulated and trained (default: mobilenetv2 and gpt-small on B and C
+    at 1000 Mbps; --quick: simulated only)."""
+    from engine.bench import schedules
+
+    names = [m.strip() for m in (args.models or ",".join(schedules.DEFAULT_MODELS)).split(",") if m.strip()]
+    unknown = [m for m in names if m not in schedules.MODELS]
+    if unknown or not names:
+        raise UserError(f"--models takes some of {', '.join(schedules.MODELS)} here, got {args.models!r}")
+    clusters = (args.clusters or "BC").upper()
+    if not clusters or any(c not in "ABCD" for c in clusters):
+        raise UserError(f"--clusters takes letters of ABCD, got {args.clusters!r}")
+    bandwidths = _bandwidths(args.bandwidths if args.bandwidths != "1000,100" else "1000")
+    if len(bandwidths) != 1:
+        raise UserError(f"bench schedule takes one bandwidth, got {args.bandwidths!r}")
+    iterations = args.iterations or schedules.ITERATIONS
+    if iterations < 2:
+        raise UserError("bench schedule needs --iterations of at least 2 (the first is left out of the throughput)")
+    (mbps,) = bandwidths
+    command = "python -m engine " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["bench"] else "bench schedule"
+    models = {m: schedules.MODELS[m] for m in names}
+    rows = schedules.schedule_bench(models, clusters, mbps, iterations, not args.quick, sys.stderr.isatty())
+    return schedules.report(rows, command, mbps, iterations)

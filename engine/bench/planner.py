@@ -211,7 +211,7 @@ def throughput_table(models: dict[str, int], bandwidth_mbps: float) -> list[str]
     lines = [
         f"### Predicted throughput (samples/s) on clusters A-D, {bandwidth_mbps:g} Mbps",
         "",
-        "Each plan's simulated 1F1B iteration (engine.simulator; `predicted.simulated_s`). "
+        "Each plan's simulated iteration (engine.simulator; `predicted.simulated_s`). "
         "Ideal = the sum of every device's own throughput with the whole model and no communication. "
         "Speedups are Asteroid over data parallelism (dp) and over the best other pipeline planner "
         "(gpipe, pipedream, ftpipehd). `OOM`: the method's best plan does not fit in memory.",

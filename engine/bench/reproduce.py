@@ -70,7 +70,7 @@ class Run:
 
 
 def _shape(plan) -> str:
-    """e.g. 'tx2x2 > nanox3 > nx, M=4'."""
+    """e.g. 'tx2x2 > nanox3 > nx, M=4', and the schedule where it is not 1F1B ('..., M=4, zb-h2')."""
     groups = []
     for st in plan.stages:
         kinds: dict[str, int] = {}
@@ -78,7 +78,7 @@ def _shape(plan) -> str:
             kind = SHORT.get(plan.cluster.device(s.name).kind, "custom")
             kinds[kind] = kinds.get(kind, 0) + 1
         groups.append("+".join(f"{k}x{n}" if n > 1 else k for k, n in kinds.items()))
-    return " > ".join(groups) + f", M={plan.micro_batches}"
+    return " > ".join(groups) + f", M={plan.micro_batches}" + (f", {plan.schedule}" if plan.schedule != "1f1b" else "")
 
 
 def run_one(method: str, model: str, letter: str, batch: int, mbps: float, iterations: int, budget_s: float,

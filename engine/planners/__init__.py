@@ -7,7 +7,7 @@ from collections.abc import Callable
 from engine.errors import UserError
 from engine.plan import Plan
 from engine.planners import asteroid, baselines, exhaustive
-from engine.planners.common import NoFeasiblePlan, Problem, simulated
+from engine.planners.common import NoFeasiblePlan, Problem, scheduled, simulated
 
 PLANNERS: dict[str, Callable[[Problem], Plan]] = {
     "asteroid": asteroid.plan,
@@ -23,10 +23,15 @@ COMPARED = ("asteroid", "dp", "gpipe", "pipedream", "ftpipehd")
 
 def make_plan(method: str, problem: Problem, progress: bool = False) -> Plan:
     """Plan with `method`, simulated (its prediction's `simulated_s`); `progress` draws the Asteroid search's
-    rounds on a terminal."""
+    rounds on a terminal. Asteroid picks the schedule too; the others run 1F1B unless one is asked for."""
     if method not in PLANNERS:
         raise UserError(f"unknown method {method!r}; known methods: {', '.join(PLANNERS)}, all")
-    found = asteroid.plan(problem, progress) if method == "asteroid" else PLANNERS[method](problem)
+    if method == "asteroid":
+        found = asteroid.plan(problem, progress)
+    else:
+        found = PLANNERS[method](problem)
+        if problem.schedule not in ("auto", "1f1b"):
+            found = scheduled(found, problem.workload, problem.schedules)
     return found if found.predicted.simulated_s is not None else simulated(found, problem.workload)
 
 

@@ -44,7 +44,8 @@ import numpy as np
 from engine.costmodel import allocate, allreduce_s, stage_terms
 from engine.plan import Plan, Share, Stage
 from engine.planners import baselines, kernel, stagecosts
-from engine.planners.common import NoFeasiblePlan, Problem, device_classes, finish, simulated
+from engine.planners.common import NoFeasiblePlan, Problem, device_classes, finish, scheduled, simulated
+from engine.planners.refine import refine
 from engine.progress import Progress
 
 SLACK = 1 + 1e-9  # float headroom on bounds, so a plan exactly at the cap is never cut
@@ -220,7 +221,9 @@ def plan(problem: Problem, progress: bool = False) -> Plan:
     searches = [_Search(problem, M, exact, shared) for M in options]
     found = _optimise(problem, searches, progress, upper)
     best = finish(problem, "asteroid", found[1].M, _to_stages(found[1], found[2]))
-    return _rank(problem, searches, best, exact, progress) if problem.rank else best
+    if not problem.rank:
+        return best if problem.schedule in ("auto", "1f1b") else scheduled(best, problem.workload, problem.schedules)
+    return _rank(problem, searches, best, exact, progress)
 
 
 def _rank(problem: Problem, searches: list[_Search], best: Plan, exact: bool, progress: bool) -> Plan:
@@ -258,7 +261,11 @@ def _rank(problem: Problem, searches: list[_Search], best: Plan, exact: bool, pr
                 continue
             if other.predicted.fits and (other.micro_batches, other.stages) not in found:
                 ranked.append(replace(other, method="asteroid"))
-    return min((simulated(p, problem.workload) for p in ranked), key=lambda p: p.predicted.simulated_s)
+    tried = (scheduled(p, problem.workload, problem.schedules) for p in ranked)
+    chosen = min(tried, key=lambda p: (not p.predicted.fits, p.predicted.simulated_s))
+    if not (problem.refine and chosen.predicted.fits):
+        return chosen
+    return scheduled(refine(chosen, problem.workload), problem.workload, problem.schedules)
 
 
 def _optimise(problem: Problem, searches: list[_Search], progress: bool, upper: tuple | None = None) -> tuple:

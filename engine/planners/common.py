@@ -9,6 +9,7 @@ from engine.costmodel import Workload, score
 from engine.devices import Cluster, Device
 from engine.errors import UserError
 from engine.plan import ALLREDUCE, LEVELS, OFF, Plan, Stage
+from engine.schedule import SCHEDULES
 from engine.simulator import simulate
 
 # More micro-batches shrink the bubble but cost per-layer overhead; 64 covers every useful split here.
@@ -32,6 +33,11 @@ class Problem:
     # Asteroid: pick among its fastest plans under the closed form the one the simulator runs fastest
     # (False: the closed form's optimum, what the exhaustive oracle checks).
     rank: bool = True
+    # The pipeline schedule (engine.schedule.SCHEDULES), or "auto": Asteroid simulates each on its ranked plans
+    # and keeps the fastest that fits (the other methods run 1F1B).
+    schedule: str = "auto"
+    # Asteroid: then improve the ranked plan by single moves while one simulates faster (engine.planners.refine).
+    refine: bool = True
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -40,6 +46,13 @@ class Problem:
             raise UserError(f"compression level must be 8, 4, 2 or off, got {self.compression!r}")
         if not isinstance(self.allreduce, str) or self.allreduce not in ALLREDUCE:
             raise UserError(f"all-reduce compression must be one of {', '.join(ALLREDUCE)}, got {self.allreduce!r}")
+        if self.schedule not in ("auto", *SCHEDULES):
+            raise UserError(f"schedule must be auto, {', '.join(SCHEDULES)}; got {self.schedule!r}")
+
+    @property
+    def schedules(self) -> tuple[str, ...]:
+        """The schedules a plan is tried under."""
+        return SCHEDULES if self.schedule == "auto" else (self.schedule,)
 
     @property
     def micro_batch_options(self) -> list[int]:
@@ -75,6 +88,17 @@ def finish(problem: Problem, method: str, micro_batches: int, stages: list[Stage
 def simulated(plan: Plan, w: Workload) -> Plan:
     """The plan with its prediction's `simulated_s`: one event-driven iteration (engine.simulator)."""
     return plan.with_prediction(replace(plan.predicted, simulated_s=simulate(plan, w).iteration_s))
+
+
+def scheduled(plan: Plan, w: Workload, names: Iterable[str]) -> Plan:
+    """The plan under whichever schedule of `names` simulates fastest and fits its devices' memory (a zero-bubble
+    one holds more activations), simulated; on a tie the earlier name."""
+    tried = []
+    for name in names:
+        p = plan if name == plan.schedule and plan.predicted is not None else plan.with_schedule(name)
+        p = p if p.predicted is not None else p.with_prediction(score(p, w))
+        tried.append(p if p.predicted.simulated_s is not None else simulated(p, w))
+    return min(tried, key=lambda p: (not p.predicted.fits, p.predicted.simulated_s))
 
 
 def best_plan(plans: Iterable[Plan | None]) -> Plan | None:

@@ -430,9 +430,10 @@ class Coordinator:
         busy: dict[str, float] = {}
         by_kind: dict[tuple[str, str], float] = {}
         for e in self.collected.steps:
-            if e.iteration == k and e.generation == gen.number and e.kind in ("F", "B"):
+            if e.iteration == k and e.generation == gen.number and e.kind in ("F", "B", "W"):
+                kind = "F" if e.kind == "F" else "B"  # a split backward's two halves (B and W) are its backward
                 busy[e.device] = busy.get(e.device, 0.0) + e.end - e.start
-                by_kind[e.device, e.kind] = by_kind.get((e.device, e.kind), 0.0) + e.end - e.start
+                by_kind[e.device, kind] = by_kind.get((e.device, kind), 0.0) + e.end - e.start
         self._learn(by_kind)
         out = {}
         for name, s in gen.steps.items():

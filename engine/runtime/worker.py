@@ -46,6 +46,7 @@ from engine.models import get_model
 from engine.models.randomness import sample_draws
 from engine.plan import ALLREDUCE, OFF, Plan, gradient_bits
 from engine.runtime import layerstate
+from engine.runtime.backward import SplitBackward
 from engine.runtime.batches import batch_indices, eval_batches, load
 from engine.runtime.control import Generation, Heartbeat, gen_key, get_bytes, key, put_bytes
 from engine.runtime.emulation import Clock, MemoryMeter, group_timeout, now, use_time_base
@@ -61,8 +62,7 @@ from engine.runtime.stage import (
     gloo_message,
     part_state_dict,
 )
-from engine.schedule import one_f_one_b
-from engine.steps import DeviceSteps
+from engine.steps import DeviceSteps, stage_actions
 
 Emit = Callable[[dict], None]
 OPTIMIZER_STATES = 1  # SGD with momentum keeps one buffer per parameter
@@ -621,7 +621,8 @@ class _Device:
             outputs: dict[int, torch.Tensor] = {}
             loss_sum = 0.0
             m = plan.micro_batch_size
-            for act in one_f_one_b(self.num_stages, plan.micro_batches)[self.stage]:
+            split = SplitBackward(self.module) if plan.schedule != "1f1b" else None
+            for act in stage_actions(plan, self.gen.steps)[self.stage]:
                 mb = act.micro_batch
                 if act.kind == "F":
                     if self.first:
@@ -645,6 +646,8 @@ class _Device:
                     end = clock.pad(start, self._compute_s(st.forward_s, k))
                     self._event("F", mb, start, end)
                     self.send(out, st.send_forward, "F", mb, outbox)
+                elif split is not None:  # a zero-bubble schedule: B sends the input gradient, W comes later
+                    self._split_step(act.kind, mb, k, split, pending, inputs, outputs, outbox)
                 else:
                     grad = None if self.last else self.receive(pending, "B", mb)
                     start = now()
@@ -683,6 +686,27 @@ class _Device:
         if K and (k + 1) % K == 0 and k + 1 < self.gen.iterations:
             self._replicate(k + 1)
         return stop
+
+    def _split_step(self, kind: str, mb: int, k: int, split: SplitBackward, pending, inputs, outputs, outbox) -> None:
+        """B (the input gradient, sent back at once) or W (the weight gradients) of micro-batch `mb`."""
+        st, clock = self.st, self.clock
+        if kind == "B":
+            grad = None if self.last else self.receive(pending, "B", mb)
+            start = now()
+            dx = split.input_gradient(mb, outputs.pop(mb), grad, inputs[mb])
+            self._fault(k, "backward")
+            if self.first:  # its whole backward is W: B only took the gradient in
+                return
+            end = clock.pad(start, self._compute_s(st.backward_s - st.weight_s, k))
+            self._event("B", mb, start, end)
+            self.send(dx, st.send_backward, "B", mb, outbox)
+        else:
+            start = now()
+            split.weight_gradient(mb)
+            inputs.pop(mb)
+            self.memory.release(mb)
+            end = clock.pad(start, self._compute_s(st.weight_s, k))
+            self._event("W", mb, start, end)
 
     def _evaluate(self, k: int) -> None:
         """Score the model after iteration k on the first held-out samples: batch by batch, forward only through

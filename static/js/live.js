@@ -29,8 +29,12 @@
   const FONT = 'system-ui, -apple-system, "Segoe UI", Roboto, sans-serif';
   const GRID = '#e3e6eb';
   const ACCENT = '#2d5bd7';
-  const STEP_GROUPS = { F: 'forward', B: 'backward', send: 'transfer', recv: 'transfer', 'all-reduce': 'all-reduce' };
-  const STEP_COLORS = { forward: '#2d5bd7', backward: '#e07b39', transfer: '#9aa3b2', 'all-reduce': '#1f8a4c' };
+  const STEP_GROUPS = {
+    F: 'forward', B: 'backward', W: 'weight gradient', send: 'transfer', recv: 'transfer', 'all-reduce': 'all-reduce',
+  };
+  const STEP_COLORS = {
+    forward: '#2d5bd7', backward: '#e07b39', 'weight gradient': '#b8860b', transfer: '#9aa3b2', 'all-reduce': '#1f8a4c',
+  };
   const PLOT_CONFIG = { responsive: true, displaylogo: false };
 
   const root = document.getElementById('live');
@@ -235,7 +239,7 @@
     });
     const iteration = live.finished ? newest : newest - 1;
     live.steps.forEach((s) => {
-      if (s.iteration !== iteration || (s.kind !== 'F' && s.kind !== 'B') || !isNumber(s.end - s.start)) return;
+      if (s.iteration !== iteration || !['F', 'B', 'W'].includes(s.kind) || !isNumber(s.end - s.start)) return;
       busy[s.device] = (busy[s.device] || 0) + (s.end - s.start);
     });
     const body = $('device-states');
@@ -589,7 +593,7 @@
   }
 
   function stepHover(s) {
-    const what = { F: 'forward', B: 'backward', send: 'send', recv: 'receive' }[s.kind] || esc(s.kind);
+    const what = { F: 'forward', B: 'backward', W: 'weight gradient', send: 'send', recv: 'receive' }[s.kind] || esc(s.kind);
     let head = esc(s.device) + ' · ' + what;
     if (s.micro_batch >= 0) head += ' micro-batch ' + esc(s.micro_batch);
     if (s.peer) head += (s.kind === 'send' ? ' to ' : ' from ') + esc(s.peer);
@@ -611,7 +615,7 @@
         x: chosen.map((s) => s.end - s.start),
         base: chosen.map((s) => s.start),
         marker: { color: STEP_COLORS[group], line: { color: '#ffffff', width: 0.5 } },
-        text: chosen.map((s) => (s.kind === 'F' || s.kind === 'B' ? esc(s.micro_batch) : '')),
+        text: chosen.map((s) => (['F', 'B', 'W'].includes(s.kind) ? esc(s.micro_batch) : '')),
         textposition: 'inside',
         insidetextanchor: 'middle',
         textfont: { color: '#ffffff' },

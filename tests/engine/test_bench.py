@@ -105,3 +105,52 @@ def test_ideal_bench_arguments_are_checked(capsys):
     ):
         assert main(argv) == 2
         assert message in capsys.readouterr().err
+
+
+def test_schedule_bench_trains_a_plan_under_each_schedule():
+    from engine.bench.schedules import ScheduleRun, _run, report
+    from engine.costmodel import score
+    from engine.schedule import SCHEDULES
+    from tests.engine.runtime.helpers import cluster_of, make_plan, model_workload
+
+    w = model_workload("gpt-small")
+    stages = [(0, 5, [("nx-0", 2)]), (5, 10, [("tx2-1", 2)]), (10, 15, [("nano-2", 2)])]
+    plan = make_plan("gpt-small", cluster_of("nx", "tx2", "nano"), 8, 4, stages)
+    rows = []
+    for name in SCHEDULES:
+        scheduled = plan.with_schedule(name)
+        row = _run(scheduled.with_prediction(score(scheduled, w)), w, "chosen", 2, train_it=True)
+        assert isinstance(row, ScheduleRun) and row.schedule == name
+        assert row.measured_s > 0 and 0 <= row.measured_bubble < 1 and 0 < row.measured_memory < 1
+        assert 0 < row.simulated_bubble < 1 and row.of_ideal > 0
+        rows.append(row)
+    text = report(rows, "bench schedule", 1000.0, 2)
+    assert text.count("| gpt-small | test | 8 | chosen |") == 3
+    assert "1.00x" in text  # 1F1B against itself
+
+
+def test_measured_bubble_counts_f_b_and_w_of_one_iteration():
+    from engine.bench.schedules import measured_bubble
+    from engine.events import StepEvent
+
+    events = [
+        StepEvent("a", 0, 0, "F", 0.0, 1.0, iteration=3),
+        StepEvent("a", 0, 0, "W", 1.0, 2.0, iteration=3),
+        StepEvent("b", 1, 0, "B", 0.0, 1.0, iteration=3),
+        StepEvent("b", 1, 0, "send", 1.0, 4.0, "a", iteration=3),
+        StepEvent("b", 1, 0, "F", 0.0, 9.0, iteration=2),  # another iteration
+    ]
+    assert measured_bubble(events, ["a", "b"], 3, 4.0) == 1 - 3.0 / 8.0
+
+
+def test_schedule_bench_arguments_are_checked(capsys):
+    from engine.cli import main
+
+    for argv, message in (
+        (["bench", "schedule", "--models", "resnet50"], "--models takes some of"),
+        (["bench", "schedule", "--clusters", "Z"], "--clusters takes letters of ABCD"),
+        (["bench", "schedule", "--bandwidths", "100,1000"], "bench schedule takes one bandwidth"),
+        (["bench", "schedule", "--iterations", "1"], "at least 2"),
+    ):
+        assert main(argv) == 2
+        assert message in capsys.readouterr().err

@@ -1,11 +1,13 @@
-"""The 1F1B schedule: the documented table, the invariants of every (S, M), and the action string form."""
+"""The schedules: 1F1B's documented table and invariants, the zero-bubble lists' order, memory cap and
+deadlock freedom, and the action string form."""
 
 import re
 
+import numpy as np
 import pytest
 
 from engine import schedule
-from engine.schedule import Action, in_flight, one_f_one_b
+from engine.schedule import Action, held, in_flight, one_f_one_b, zero_bubble
 
 # The table in engine/schedule.py's docstring, written out: S=3, M=4.
 TABLE_3_4 = {
@@ -94,3 +96,69 @@ def test_action_string_form():
 def test_action_parse_rejects_garbage(text):
     with pytest.raises(ValueError):
         Action.parse(text)
+
+
+# -- zero-bubble schedules -------------------------------------------------------------------------------
+
+
+def random_times(rng, S):
+    """Unequal stages, as Asteroid plans them: the first stage's whole backward is W."""
+    times = []
+    for s in range(S):
+        f, b, w = (rng.uniform(0.2, 3.0) for _ in range(3))
+        times.append(schedule.StageTimes(f, 0.0 if s == 0 else b, w + (b if s == 0 else 0.0), *rng.uniform(0, 1, 2)))
+    return times
+
+
+@pytest.mark.parametrize("name", ["zb-h1", "zb-h2"])
+def test_zero_bubble_lists_run_each_step_once_in_order_within_the_memory_cap(name):
+    rng = np.random.default_rng(7)
+    for S, M in [(1, 1), (1, 4), (2, 1), (3, 4), (4, 8), (5, 3), (6, 16), (8, 24)]:
+        lists = zero_bubble(random_times(rng, S), M, name)
+        assert sorted(lists) == list(range(S))
+        for s, acts in lists.items():
+            assert all(a.stage == s for a in acts)
+            for kind in "FBW":  # each step of each micro-batch once, in micro-batch order
+                assert [a.micro_batch for a in acts if a.kind == kind] == list(range(M))
+            pos = {(a.kind, a.micro_batch): k for k, a in enumerate(acts)}
+            assert all(pos["F", m] < pos["B", m] < pos["W", m] for m in range(M))
+            assert held(acts) <= in_flight(S, M, s, name)
+            if name == "zb-h1":  # 1F1B's memory
+                assert held(acts) <= min(S - s, M)
+
+
+def test_zero_bubble_lists_cannot_deadlock_a_pipeline():
+    # Replay the lists as the runtime runs them (each stage in its own order, each step waiting for its input or
+    # gradient): every stage finishes. A cycle of waits would leave some list unfinished.
+    rng = np.random.default_rng(11)
+    for name in ("zb-h1", "zb-h2"):
+        for S, M in [(2, 3), (4, 8), (7, 5), (8, 32)]:
+            lists = zero_bubble(random_times(rng, S), M, name)
+            pos, done = dict.fromkeys(range(S), 0), set()
+            moved = True
+            while moved:
+                moved = False
+                for s, acts in lists.items():
+                    while pos[s] < len(acts):
+                        a = acts[pos[s]]
+                        need = {"F": (s - 1, "F"), "B": (s + 1, "B"), "W": (s, "B")}[a.kind]
+                        if 0 <= need[0] < S and (need[0], need[1], a.micro_batch) not in done:
+                            break
+                        if a.kind == "B" and s == S - 1 and (s, "F", a.micro_batch) not in done:
+                            break
+                        done.add((s, a.kind, a.micro_batch))
+                        pos[s] += 1
+                        moved = True
+            assert all(pos[s] == 3 * M for s in range(S)), (name, S, M)
+
+
+def test_zero_bubble_rejects_bad_arguments():
+    t = [schedule.StageTimes(1, 1, 1, 0, 0)]
+    for bad in [([], 4, "zb-h1"), (t, 0, "zb-h1"), (t, 4, "1f1b"), (t, 4, "zb-v")]:
+        with pytest.raises(ValueError):
+            zero_bubble(*bad)
+
+
+def test_held_counts_until_w_where_the_list_has_one():
+    assert held(one_f_one_b(4, 8)[0]) == 4
+    assert held([Action(0, k, m) for k, m in [("F", 0), ("F", 1), ("B", 0), ("F", 2), ("W", 0)]]) == 3

@@ -10,6 +10,7 @@ from engine.costmodel import Workload, score
 from engine.devices import LAYER_OVERHEAD_S, Cluster, Device, load_cluster
 from engine.events import StepEvent, chrome_trace
 from engine.plan import Plan, Share, Stage
+from engine.schedule import SCHEDULES
 from engine.simulator import simulate
 from tests.engine.instances import solved_instance
 
@@ -114,10 +115,12 @@ def sample_ranges(plan: Plan) -> dict[str, tuple[int, int, int]]:
     return out
 
 
-def test_timeline_events_are_consistent():
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_timeline_events_are_consistent(schedule):
     plans = timeline_plans()
     assert any(len({len(st.devices) for st in p.stages}) > 1 for p, _ in plans)  # widths differ somewhere
     for plan, w in plans:
+        plan = plan.with_schedule(schedule)
         sim = simulate(plan, w)
         M, S = plan.micro_batches, len(plan.stages)
         ranges = sample_ranges(plan)
@@ -131,7 +134,7 @@ def test_timeline_events_are_consistent():
             stage = ranges[dev][0]
             assert all(e.stage == stage for e in evs)
             counts = Counter(e.kind for e in evs)
-            assert counts["F"] == M and counts["B"] == M
+            assert counts["F"] == M and counts["B"] == M and counts["W"] == (M if schedule != "1f1b" else 0)
             assert sorted(e.micro_batch for e in evs if e.kind == "F") == list(range(M))
             assert sorted(e.micro_batch for e in evs if e.kind == "B") == list(range(M))
             f_end = {e.micro_batch: e.end for e in evs if e.kind == "F"}
@@ -139,9 +142,11 @@ def test_timeline_events_are_consistent():
                 ends[(dev, e.kind, e.micro_batch)] = e.end
                 if e.kind == "B":
                     assert e.start >= f_end[e.micro_batch] - EPS
+                if e.kind == "W":  # a weight gradient after its input gradient
+                    assert e.start >= ends[(dev, "B", e.micro_batch)] - EPS
             # A device computes one step at a time and its link sends one message at a time, the two side by
             # side; the all-reduce comes after both.
-            for lane in ("FB", ("send",)):
+            for lane in ("FBW", ("send",)):
                 ordered = sorted((e for e in evs if e.kind in lane), key=lambda e: (e.start, e.end))
                 assert all(a.end <= b.start + EPS for a, b in zip(ordered, ordered[1:])), dev
             reduces = [e for e in evs if e.kind == "all-reduce"]
@@ -173,7 +178,7 @@ def test_timeline_events_are_consistent():
         # Iteration time and bubble follow from the events.
         total = max(e.end for e in sim.events)
         assert math.isclose(sim.iteration_s, total, rel_tol=1e-12)
-        busy = sum(e.end - e.start for e in sim.events if e.kind in "FB")
+        busy = sum(e.end - e.start for e in sim.events if e.kind in "FBW")
         n = len(plan.device_names)
         assert math.isclose(sim.bubble_fraction, 1 - busy / (n * total), rel_tol=1e-9, abs_tol=1e-12)
         assert S >= 1
@@ -241,3 +246,22 @@ def test_a_replication_point_adds_each_stages_copies_after_the_iteration():
     assert sorted(e.device for e in replicas) == sorted(st.devices[0].name for st in plan.stages)
     assert all(math.isclose(e.start, plain.iteration_s) and e.end > e.start for e in replicas)
     assert not [e for e in plain.events if e.peer == "replica"]
+
+
+@pytest.mark.parametrize("S,M", [(3, 4), (4, 8), (4, 12), (6, 12), (8, 24)])
+def test_zero_bubble_schedules_shorten_an_equal_pipeline(S, M):
+    # Equal stages, no communication: 1F1B takes (M + S - 1)(f + b). Splitting the backward (W half of it here)
+    # lets W fill the drain (ZB-H1, at 1F1B's memory) and more warm-up forwards fill the fill (ZB-H2).
+    plan, w, f, b = homogeneous(S, M)
+    one = simulate(plan, w)
+    h1, h2 = (simulate(plan.with_schedule(name), w) for name in ("zb-h1", "zb-h2"))
+    assert math.isclose(one.iteration_s, (M + S - 1) * (f + b), rel_tol=1e-9)
+    assert h1.iteration_s < 0.95 * one.iteration_s and h1.bubble_fraction < one.bubble_fraction
+    assert h2.iteration_s <= h1.iteration_s + EPS
+    # Nothing beats the last stage's own work after the first micro-batch reaches it.
+    assert h2.iteration_s >= (S - 1) * f + M * (f + b) - EPS
+    # ZB-H1 holds what 1F1B holds; ZB-H2 more, and the cost model charges it.
+    assert score(plan.with_schedule("zb-h1"), w).memory_bytes == score(plan, w).memory_bytes
+    more = score(plan.with_schedule("zb-h2"), w).memory_bytes
+    assert all(more[n] >= b for n, b in score(plan, w).memory_bytes.items())
+    assert any(more[n] > b for n, b in score(plan, w).memory_bytes.items())

@@ -27,8 +27,14 @@ KIND_COLORS = {
 }
 
 # Step kinds of engine.events, grouped as the timeline shows them (static/js/live.js uses the same colours).
-STEP_GROUPS = {"F": "forward", "B": "backward", "send": "transfer", "recv": "transfer", "all-reduce": "all-reduce"}
-STEP_COLORS = {"forward": "#2d5bd7", "backward": "#e07b39", "transfer": "#9aa3b2", "all-reduce": "#1f8a4c"}
+STEP_GROUPS = {
+    "F": "forward", "B": "backward", "W": "weight gradient", "send": "transfer", "recv": "transfer",
+    "all-reduce": "all-reduce",
+}  # fmt: skip
+STEP_COLORS = {
+    "forward": "#2d5bd7", "backward": "#e07b39", "weight gradient": "#b8860b", "transfer": "#9aa3b2",
+    "all-reduce": "#1f8a4c",
+}  # fmt: skip
 
 
 def _esc(name: str) -> str:
@@ -316,7 +322,7 @@ def timeline_figure(steps: list[dict], devices: list[str], title: str) -> dict:
                 orientation="h",
                 name=group,
                 marker={"color": color, "line": {"color": "#ffffff", "width": 0.5}},
-                text=[_esc(s["micro_batch"]) if s["kind"] in ("F", "B") else "" for s in chosen],
+                text=[_esc(s["micro_batch"]) if s["kind"] in ("F", "B", "W") else "" for s in chosen],
                 textposition="inside",
                 insidetextanchor="middle",
                 textfont={"color": "#ffffff"},
@@ -345,7 +351,8 @@ def timeline_figure(steps: list[dict], devices: list[str], title: str) -> dict:
 
 
 def _step_hover(s: dict) -> str:
-    what = {"F": "forward", "B": "backward", "send": "send", "recv": "receive"}.get(s["kind"], _esc(s["kind"]))
+    names = {"F": "forward", "B": "backward", "W": "weight gradient", "send": "send", "recv": "receive"}
+    what = names.get(s["kind"], _esc(s["kind"]))
     head = f"{_esc(s['device'])} · {what}"
     if s.get("micro_batch", -1) >= 0:
         head += f" micro-batch {s['micro_batch']}"

@@ -58,7 +58,9 @@ def job_detail(request, job_id: int):
             "pipeline": figures.pipeline_figure(plan),
             "memory": figures.memory_figure(plan),
             "comparison": figures.comparison_figure(predictions),
-            "timeline": figures.timeline_figure(job.simulation or [], plan.device_names, "Simulated 1F1B iteration"),
+            "timeline": figures.timeline_figure(
+                job.simulation or [], plan.device_names, f"Simulated iteration ({plan.schedule.upper()})"
+            ),
         }
         context["comparison_rows"] = rows.comparison_rows(predictions)
         context["device_rows"] = rows.device_rows(plan)

@@ -1,10 +1,12 @@
-"""A multi-stage run with heterogeneous in-stage shares trains exactly like one process on the whole batch."""
+"""A multi-stage run with heterogeneous in-stage shares trains exactly like one process on the whole batch, under
+1F1B and under the zero-bubble schedules, whose backward is split into input and weight gradients."""
 
 import pytest
 import torch
 
 from engine.models import get_model
 from engine.runtime.launcher import RunOptions, train
+from engine.schedule import SCHEDULES
 from tests.engine.runtime.helpers import cluster_of, make_plan, model_workload, reference_run
 
 
@@ -15,11 +17,12 @@ from tests.engine.runtime.helpers import cluster_of, make_plan, model_workload, 
         [(0, 5, [("nx-0", 4)]), (5, 11, [("tx2-1", 3), ("nano-2", 1)]), (11, 15, [("nano-3", 1), ("tx2-4", 3)])],
     ],
 )
-def test_pipeline_with_heterogeneous_shares_equals_one_process(stages):
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_pipeline_with_heterogeneous_shares_equals_one_process(stages, schedule):
     # gpt-small has no BatchNorm and no dropout, so every sample is computed independently of the others
-    model, batch, micro, iterations, lr = "gpt-small", 8, 2, 3, 0.05
+    model, batch, micro, iterations, lr = "gpt-small", 16, 4, 3, 0.05
     cluster = cluster_of("nx", "tx2", "nano", "nano", "tx2")
-    plan = make_plan(model, cluster, batch, micro, stages)
+    plan = make_plan(model, cluster, batch, micro, stages).with_schedule(schedule)
     result = train(
         plan,
         model_workload(model),

@@ -1,0 +1,95 @@
+"""Local refinement under the simulator: from a plan, take the best single move until none simulates faster.
+
+The planner searches on the cost model's closed form and ranks a few near-optima by the event-driven simulator
+(engine.planners.asteroid). The simulator sees what the closed form does not (sends overlapping compute, the
+schedule's own fill and drain), so a plan one move away can run faster. The moves: a cut between two stages
+one layer earlier or later; one sample from a device to another of its stage; a device to a neighbouring
+stage, with one sample taken from that stage's largest share (its own samples go to its old stage's largest
+share). Each round simulates every move that fits in memory and keeps the fastest if it beats the plan; it
+stops when none does, or after MAX_SIMULATIONS simulations (a deterministic bound, so a plan is repeatable).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+
+from engine.costmodel import Workload, score
+from engine.plan import Plan, Share, Stage
+from engine.simulator import simulate
+
+MAX_SIMULATIONS = 300
+GAIN = 1e-6  # a move must simulate at least this share faster: ties and float noise do not move the plan
+
+
+def refine(plan: Plan, w: Workload, budget: int = MAX_SIMULATIONS) -> Plan:
+    """`plan` improved by single moves while one simulates faster (same schedule, same micro-batches)."""
+    best = _simulated(plan, w)
+    spent = 0
+    while spent < budget:
+        found = None
+        for stages in moves(best.stages):
+            if spent >= budget:
+                break
+            candidate = replace(best, stages=stages, predicted=None)
+            prediction = score(candidate, w)
+            if not prediction.fits:
+                continue
+            spent += 1
+            sim = simulate(candidate, w).iteration_s
+            if sim < best.predicted.simulated_s * (1 - GAIN) and (found is None or sim < found[0]):
+                found = (sim, candidate.with_prediction(replace(prediction, simulated_s=sim)))
+        if found is None:
+            break
+        best = found[1]
+    return best
+
+
+def _simulated(plan: Plan, w: Workload) -> Plan:
+    if plan.predicted is not None and plan.predicted.simulated_s is not None:
+        return plan
+    prediction = plan.predicted or score(plan, w)
+    return plan.with_prediction(replace(prediction, simulated_s=simulate(plan, w).iteration_s))
+
+
+def moves(stages: tuple[Stage, ...]) -> Iterator[tuple[Stage, ...]]:
+    """Every plan one move from `stages`, in a fixed order: cuts, then samples, then devices."""
+    S = len(stages)
+    for k in range(S - 1):  # the cut after stage k, one layer either way
+        a, b = stages[k], stages[k + 1]
+        for shift in (-1, 1):
+            cut = a.end + shift
+            if a.start < cut < b.end:
+                yield _with(stages, {k: replace(a, end=cut), k + 1: replace(b, start=cut)})
+    for k, st in enumerate(stages):  # one sample between two devices of a stage
+        for i, giver in enumerate(st.devices):
+            if giver.samples < 2:
+                continue
+            for j in range(len(st.devices)):
+                if j != i:
+                    shares = list(st.devices)
+                    shares[i] = Share(giver.name, giver.samples - 1)
+                    shares[j] = Share(shares[j].name, shares[j].samples + 1)
+                    yield _with(stages, {k: replace(st, devices=tuple(shares))})
+    for k, st in enumerate(stages):  # a device of a stage of several to a neighbouring stage
+        if len(st.devices) < 2:
+            continue
+        for i, dev in enumerate(st.devices):
+            for to in (k - 1, k + 1):
+                if not 0 <= to < S:
+                    continue
+                target = stages[to]
+                big = max(range(len(target.devices)), key=lambda n: target.devices[n].samples)
+                if target.devices[big].samples < 2:
+                    continue
+                left = [s for n, s in enumerate(st.devices) if n != i]
+                keep = max(range(len(left)), key=lambda n: left[n].samples)
+                left[keep] = Share(left[keep].name, left[keep].samples + dev.samples)
+                joined = list(target.devices)
+                joined[big] = Share(joined[big].name, joined[big].samples - 1)
+                joined.append(Share(dev.name, 1))
+                yield _with(stages, {k: replace(st, devices=tuple(left)), to: replace(target, devices=tuple(joined))})
+
+
+def _with(stages: tuple[Stage, ...], changed: dict[int, Stage]) -> tuple[Stage, ...]:
+    return tuple(changed.get(k, st) for k, st in enumerate(stages))

@@ -1,0 +1,64 @@
+"""Local refinement under the simulator: valid moves, never slower, faster on some plans, a local optimum."""
+
+import random
+from dataclasses import replace
+
+from engine.costmodel import score
+from engine.devices import load_cluster
+from engine.planners import Problem, make_plan
+from engine.planners.refine import GAIN, moves, refine
+from engine.simulator import simulate
+from tests.engine.instances import layered_workload, solved_instance
+
+
+def test_every_move_is_a_valid_plan_one_step_away():
+    problem, plans = solved_instance(3)
+    plan = plans["asteroid"]
+    w = problem.workload
+    seen = set()
+    for stages in moves(plan.stages):
+        moved = replace(plan, stages=stages, predicted=None)
+        moved.validate(w.num_layers)  # cuts in order, every share >= 1 and summing to the micro-batch
+        assert stages != plan.stages and stages not in seen
+        seen.add(stages)
+        changed = [k for k, (a, b) in enumerate(zip(plan.stages, stages)) if a != b]
+        assert 1 <= len(changed) <= 2 and (len(changed) == 1 or changed[1] == changed[0] + 1)
+    assert seen
+
+
+def cells():
+    """CNN-like models of 24 layers on the clusters B, C and D: where ranked plans leave something to refine."""
+    for seed in range(12):
+        w = layered_workload(random.Random(seed), 24, param_scale=0.05)
+        yield seed, Problem(w, load_cluster("BCD"[seed % 3]), 32)
+
+
+def test_refinement_never_simulates_slower_and_stops_at_a_local_optimum():
+    faster = 0
+    for seed, problem in cells():
+        w = problem.workload
+        start = make_plan("asteroid", replace(problem, refine=False))
+        better = refine(start, w, budget=10_000)
+        assert better.predicted.fits and better.schedule == start.schedule
+        assert better.predicted.simulated_s <= start.predicted.simulated_s
+        assert better.predicted.simulated_s == simulate(better, w).iteration_s
+        assert better.predicted.iteration_s == score(better, w).iteration_s
+        if better.predicted.simulated_s < start.predicted.simulated_s * (1 - GAIN):
+            faster += 1
+        for stages in moves(better.stages):  # no single move that fits simulates faster
+            moved = replace(better, stages=stages, predicted=None)
+            if score(moved, w).fits:
+                assert simulate(moved, w).iteration_s >= better.predicted.simulated_s * (1 - GAIN), seed
+    assert faster >= 3, faster
+
+
+def test_the_planner_refines_by_default():
+    _, problem = list(cells())[10]
+    w = problem.workload
+    plain = make_plan("asteroid", replace(problem, rank=True, refine=False))
+    refined = make_plan("asteroid", replace(problem, rank=True))
+    assert refined.predicted.fits and refined.predicted.simulated_s <= plain.predicted.simulated_s
+    for stages in moves(refined.stages):
+        moved = replace(refined, stages=stages, predicted=None)
+        if score(moved, w).fits:
+            assert simulate(moved, w).iteration_s >= refined.predicted.simulated_s * (1 - GAIN)
