@@ -527,8 +527,9 @@ def _train_one_device(args: argparse.Namespace, plan: Plan, w, options) -> int:
     from dataclasses import replace
 
     from engine.costmodel import score
+    from engine.runtime.config import DeviceConfig
     from engine.runtime.launcher import save_events
-    from engine.runtime.worker import DeviceConfig, run_device
+    from engine.runtime.worker import run_device
     from engine.steps import device_steps
     from engine.tables import iteration_line
 

@@ -96,8 +96,8 @@ class Runner:
         cannot take part (busy, malformed plan, rank out of range). Blocking: profiles the model on first use."""
         from engine.costmodel import score
         from engine.plan import Plan
+        from engine.runtime.config import DeviceConfig
         from engine.runtime.options import RunOptions
-        from engine.runtime.worker import DeviceConfig
         from engine.steps import device_steps
 
         job = msg.get("job")
@@ -329,8 +329,8 @@ class _Seen:
 def _coordinated_config(msg: dict, host: str, port: int):
     """The device process's config from a coordinated `start`; UserError when a field is missing or wrong."""
     from engine.plan import Plan
+    from engine.runtime.config import DeviceConfig
     from engine.runtime.options import RunOptions
-    from engine.runtime.worker import DeviceConfig
 
     name, generation, predicted = msg.get("name"), msg.get("generation"), msg.get("predicted_iteration_s")
     if not isinstance(name, str) or not name or type(generation) is not int or generation < 0:

@@ -13,6 +13,8 @@ import torch
 from torch import nn
 from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
+from engine.runtime.emulation import now
+
 
 class SplitBackward:
     """The pending W of each micro-batch of one stage, between its B and its W."""
@@ -42,6 +44,29 @@ class SplitBackward:
         else:
             stage_backward_weight(iter(self.params), item[1])
 
-    def clear(self) -> None:
-        """Forget every pending W (an aborted iteration)."""
-        self.pending.clear()
+
+class SplitSteps:
+    """Mixin of the device (engine.runtime.worker): its B and W steps under a zero-bubble schedule. Needs its
+    stage (`st`, `first`, `last`, `clock`, `memory`), the messages (engine.runtime.links) and `_fault`,
+    `_event`, `_compute_s`."""
+
+    def _split_step(self, kind: str, mb: int, k: int, split: SplitBackward, pending, inputs, outputs, outbox) -> None:
+        """B (the input gradient, sent back at once) or W (the weight gradients) of micro-batch `mb`."""
+        st, clock = self.st, self.clock
+        if kind == "B":
+            grad = None if self.last else self.receive(pending, "B", mb)
+            start = now()
+            dx = split.input_gradient(mb, outputs.pop(mb), grad, inputs[mb])
+            self._fault(k, "backward")
+            if self.first:  # its whole backward is W: B only took the gradient in
+                return
+            end = clock.pad(start, self._compute_s(st.backward_s - st.weight_s, k))
+            self._event("B", mb, start, end)
+            self.send(dx, st.send_backward, "B", mb, outbox)
+        else:
+            start = now()
+            split.weight_gradient(mb)
+            inputs.pop(mb)
+            self.memory.release(mb)
+            end = clock.pad(start, self._compute_s(st.weight_s, k))
+            self._event("W", mb, start, end)

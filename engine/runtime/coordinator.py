@@ -203,7 +203,8 @@ class Coordinator:
         )  # fmt: skip
 
     def _spawn(self, name: str, generation: int) -> None:
-        from engine.runtime.worker import DeviceConfig, run_device
+        from engine.runtime.config import DeviceConfig
+        from engine.runtime.worker import run_device
 
         self.beats.pop(name, None)  # a device the plan left out earlier may be started again
         self.done.discard(name)

@@ -81,9 +81,9 @@ def test_the_fleet_reads_exits_from_the_agents_reports(job):
 
 
 def test_a_standby_device_is_claimed_when_the_coordinator_starts_it(job):
+    from engine.runtime.config import DeviceConfig
     from engine.runtime.coordinator import Coordinator  # noqa: F401  the fleet is what it spawns through
     from engine.runtime.options import RunOptions
-    from engine.runtime.worker import DeviceConfig
     from webapp.jobs.models import read_plan
 
     cfg = DeviceConfig(read_plan(job.plan), None, 0, "127.0.0.1", 29500, RunOptions(generation=1), name="nano-0",

@@ -23,9 +23,9 @@ from engine.data import get_dataset
 from engine.devices import Cluster
 from engine.models import get_model
 from engine.runtime.batches import batch_indices, load
+from engine.runtime.config import DeviceConfig
 from engine.runtime.emulation import Clock, now
 from engine.runtime.rivals import sync
-from engine.runtime.worker import DeviceConfig
 
 
 class _LinkShaper:

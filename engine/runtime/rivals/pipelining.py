@@ -15,10 +15,10 @@ from torch import nn
 from engine.data import get_dataset
 from engine.models import get_model
 from engine.runtime.batches import batch_indices, load
+from engine.runtime.config import DeviceConfig
 from engine.runtime.emulation import Clock, now
 from engine.runtime.rivals import sync
 from engine.runtime.stage import boundary_examples, part_state_dict, stage_module
-from engine.runtime.worker import DeviceConfig
 
 
 class _OnBackward(torch.autograd.Function):

@@ -17,12 +17,12 @@ from engine.devices import Cluster
 from engine.errors import UserError
 from engine.metrics import measured_iteration_s
 from engine.plan import Plan
+from engine.runtime.config import DeviceConfig
 from engine.runtime.options import RunOptions
 from engine.runtime.processes import Collector, DeviceProcesses, error_event, watch
 from engine.runtime.rivals import ddp, pipelining
 from engine.runtime.rivals.plans import ddp_plan, pipelining_plan
 from engine.runtime.stage import PeerLost
-from engine.runtime.worker import DeviceConfig
 from engine.steps import device_steps
 
 

@@ -14,9 +14,9 @@ from torch import nn
 from engine.events import DeviceDone, DeviceStart, Iteration
 from engine.metrics import measured_throughput
 from engine.models import get_model
+from engine.runtime.config import DeviceConfig
 from engine.runtime.emulation import Clock, group_timeout, now
 from engine.runtime.stage import calibrated_clock
-from engine.runtime.worker import DeviceConfig
 
 
 def store(cfg: DeviceConfig) -> dist.Store:

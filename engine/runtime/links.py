@@ -1,0 +1,92 @@
+"""The device's messages to its neighbouring stages: every receive of an iteration posted at its start, and sends
+that queue on the emulated outgoing link (a float64 header with the emulated arrival time, then the payload)."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.compression import decode, encode, wire_bytes
+from engine.costmodel import link_s
+from engine.plan import OFF, gradient_bits
+from engine.runtime.emulation import now
+
+
+class Links:
+    """Mixin of the device (engine.runtime.worker). Needs its stage (`st`, `plan`, `shape_in/out`, `bits_in/out`),
+    `ranks`, the `train` group, `clock`, `link_free` and the wait helpers (engine.runtime.waits)."""
+
+    def _tag(self, micro_batch: int, kind: str, part: int) -> int:
+        return (micro_batch * 2 + (kind == "B")) * 2 + part
+
+    def post_receives(self, backward: bool = True, base: int = 0) -> dict:
+        """Post every receive of the iteration now; returns (kind, mb) -> [(transfer, header, payload, works)]."""
+        pending = {}
+        for mb in range(self.plan.micro_batches):
+            for kind, moves, shape in (
+                ("F", self.st.recv_forward, self.shape_in),
+                ("B", self.st.recv_backward if backward else (), self.shape_out),
+            ):
+                got = []
+                bits = self.bits_in if kind == "F" else gradient_bits(self.bits_out)
+                for t in moves:
+                    peer = self.ranks[t.peer]
+                    header = torch.zeros(1, dtype=torch.float64)
+                    if bits < OFF:  # the encoded bytes of the slice (engine.compression)
+                        payload = torch.empty(wire_bytes((t.hi - t.lo, *shape), bits), dtype=torch.uint8)
+                    else:
+                        payload = torch.empty((t.hi - t.lo, *shape))
+                    what = f"receiving from {t.peer}"
+                    works = [
+                        self._post(self.train.recv, what, [header], peer, base + self._tag(mb, kind, 0)),
+                        self._post(self.train.recv, what, [payload], peer, base + self._tag(mb, kind, 1)),
+                    ]
+                    got.append((t, header, payload, works))
+                pending[(kind, mb)] = got
+        return pending
+
+    def receive(self, pending: dict, kind: str, mb: int) -> torch.Tensor | None:
+        """Wait for every slice of (kind, mb), and until the emulated link delivered it; the slices in order."""
+        got = pending.pop((kind, mb))
+        if not got:
+            return None
+        start = now()
+        arrival = 0.0
+        for t, header, _, works in got:
+            for w in works:
+                self._wait(w, f"{'activations' if kind == 'F' else 'gradients'} from {t.peer}")
+            arrival = max(arrival, float(header[0]))
+        end = self.clock.wait_until(arrival)
+        if end - start > 1e-4:
+            self._event("recv", mb, start, end)
+        bits, shape = (self.bits_in, self.shape_in) if kind == "F" else (gradient_bits(self.bits_out), self.shape_out)
+        parts = [p if bits >= OFF else decode(p, (t.hi - t.lo, *shape), bits) for t, _, p, _ in got]
+        return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+    def send(self, tensor: torch.Tensor, moves, kind: str, mb: int, outbox: list, base: int = 0) -> None:
+        """Send each peer its slice without waiting: the sends queue on the device's emulated outgoing link (one
+        at a time, each its transfer time), and the device computes on meanwhile, as gloo's sends let it."""
+        # activations go to the next stage over the boundary after this one, gradients back over the one before
+        bits = self.bits_out if kind == "F" else gradient_bits(self.bits_in)
+        for t in moves:
+            payload = tensor[t.lo - self.st.lo : t.hi - self.st.lo].detach().contiguous()
+            self.sent_payload_bytes += payload.numel() * payload.element_size()
+            if bits < OFF:  # gradients are rounded stochastically: unbiased, so SGD still follows the true mean
+                # drawn from (seed, stage, iteration, micro-batch, slice) alone: a run repeats exactly, a replay too
+                draw = (((self.opts.seed * 1_000_003 + self.stage) * 10_007 + self.iteration) * 1_009 + mb) * 65_537
+                draw += t.lo
+                self.codec_rng.manual_seed(draw % (1 << 63))
+                payload = encode(payload, bits, stochastic=kind == "B", generator=self.codec_rng)
+            self.sent_bytes += payload.numel() * payload.element_size()
+            # the link carries the real payload: latency + bytes / bandwidth, in device seconds
+            seconds = link_s(self.cluster, payload.numel() * payload.element_size(), self.name, t.peer)
+            start = max(now(), self.link_free)  # after the sends queued before it
+            arrival = start + self.clock.wall(seconds) if self.clock.emulated else 0.0
+            self.link_free = arrival
+            header = torch.tensor([arrival], dtype=torch.float64)
+            peer = self.ranks[t.peer]
+            what = f"sending to {t.peer}"
+            for part, tensor_part in enumerate((header, payload)):
+                work = self._post(self.train.send, what, [tensor_part], peer, base + self._tag(mb, kind, part))
+                outbox.append((t.peer, tensor_part, work))  # the tensor stays alive until the send completes
+            self._fault(self.iteration, "send")
+            self._event("send", mb, start, arrival if self.clock.emulated else now(), peer=t.peer)
