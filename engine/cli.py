@@ -403,7 +403,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise UserError(f"--replicate-every must be 0 or more, got {args.replicate_every}")
     resume = None
     if args.resume:
-        from engine.runtime.coordinator import load_resume
+        from engine.runtime.central import load_resume
 
         if args.plan or args.model or args.cluster:
             raise UserError("--resume continues the run in DIR: give no --plan, --model or --cluster")

@@ -170,7 +170,8 @@ def run_cell(cell: Cell, plan, fresh_iterations: int = 2) -> Result:
     """
     from engine.costmodel import replication_s, score
     from engine.planners import NoFeasiblePlan, Problem, make_plan
-    from engine.runtime.coordinator import RunFailed, load_resume, replicate_every_default
+    from engine.runtime.central import load_resume
+    from engine.runtime.coordinator import RunFailed, replicate_every_default
     from engine.runtime.faults import Fail, Faults
     from engine.runtime.launcher import RunOptions, train
     from engine.workloads import workload

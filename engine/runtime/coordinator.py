@@ -8,20 +8,19 @@ commits it), process exits, heartbeats, and the triggers of graceful leaves, joi
 device it stops the generation, gathers which copies of which layers the survivors hold, re-plans on them,
 rolls back to the newest iteration every layer has a copy of, and publishes the next generation (see
 `recovery` and `control`). It keeps the central replica and writes it atomically to the run's directory,
-from which `train --resume DIR` continues a run whose coordinator died.
+from which `train --resume DIR` continues a run whose coordinator died. Its concerns live in mixins:
+membership.py (recovery, re-planning, leaves and joins), drift.py (after each iteration: a recovery's end,
+speed drift) and central.py (the central replica); this module holds the set-up, the loop and detection.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import queue
 import socket
-import statistics
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -29,31 +28,22 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 import torch.distributed as dist
 
-from engine.compression import parse_compression, plan_compression
+from engine.compression import plan_compression
 from engine.costmodel import Workload, link_s, replica_bytes, replication_s, score
-from engine.devices import LAYER_OVERHEAD_S, Cluster, Device, get_kind
+from engine.devices import Cluster
 from engine.errors import UserError
-from engine.events import (
-    DeviceJoined,
-    DeviceLeft,
-    DeviceLost,
-    Recovered,
-    Repartition,
-    Replan,
-    Replay,
-)
 from engine.models import get_model
 from engine.plan import Plan
-from engine.planners import COMPARED, NoFeasiblePlan, Problem
-from engine.planners.levels import plan_compressed
-from engine.runtime import layerstate
-from engine.runtime.control import Generation, gen_key, get_bytes, has_bytes, key, put_bytes
+from engine.runtime.central import CentralReplica
+from engine.runtime.control import Generation, gen_key, key, put_bytes
 from engine.runtime.detection import POLL_S
+from engine.runtime.drift import Drift
 from engine.runtime.emulation import group_timeout
-from engine.runtime.faults import Faults, Join, Leave
+from engine.runtime.faults import Faults
+from engine.runtime.membership import Membership, Recovery
 from engine.runtime.options import RunOptions
 from engine.runtime.processes import Collector, DeviceProcesses
-from engine.runtime.recovery import CENTRAL, Copy, layer_text, restore_pieces, rollback_point, seed_copy
+from engine.runtime.recovery import CENTRAL, Copy, restore_pieces, seed_copy
 from engine.steps import device_steps
 from engine.workloads import PROFILE_BATCH
 
@@ -61,9 +51,6 @@ if TYPE_CHECKING:
     from engine.predictor.adapt import DeviceModel
 
 Emit = Callable[[dict], None]
-DRIFT = 0.25  # measured iterations this much slower than predicted ...
-DRIFT_ITERATIONS = 3  # ... this many times in a row trigger a re-partition
-SLOW = 1.3  # a device whose compute runs this many times its planned time is slow
 HANDOVER_S = 120.0  # how long finished devices may take to hand their parts over before the run ends without them
 
 
@@ -73,21 +60,6 @@ class RunFailed(UserError):
     def __init__(self, message: str, device: str = "", iteration: int = 0):
         super().__init__(message)
         self.device, self.iteration = device, iteration
-
-
-@dataclass
-class _Recovery:
-    """A recovery in progress: when the failure happened, what it has cost so far."""
-
-    generation: int
-    failed_at: float  # the host's monotonic clock
-    interrupted: int  # the iteration in progress (0-based); recovered when it completes again
-    detection_real_s: float
-    planning_real_s: float
-    throughput_before: float
-    summary: str
-    restore_s: dict[str, float] = field(default_factory=dict)
-    setup_real_s: float = 0.0
 
 
 def with_model_bytes(w: Workload) -> Workload:
@@ -132,7 +104,7 @@ class Fleet(Protocol):
     def __exit__(self, *exc) -> None: ...
 
 
-class Coordinator:
+class Coordinator(Drift, Membership, CentralReplica):
     """One run's coordinator (in `train` it is the launcher process; on the site, its coordinators process)."""
 
     def __init__(
@@ -168,7 +140,7 @@ class Coordinator:
         self.generation: Generation | None = None
         self.plans: list[dict] = []  # every generation's plan and why it was made
         self.recoveries: list[dict] = []
-        self.recovery: _Recovery | None = None
+        self.recovery: Recovery | None = None
         self.central: dict[int, dict] = {}  # iteration -> {(a, b): states} of central pieces received
         self.central_done = 0  # newest iteration the central replica holds every layer of (0: the seed)
         self.beats: dict[str, tuple[int, float]] = {}
@@ -384,83 +356,6 @@ class Coordinator:
             raise self._fail(f"device {ev['device']} failed {when}: {ev['message']}", ev["device"], it)
         self.emit(ev)
 
-    def _after_iteration(self, ev: dict) -> None:
-        """A recovery ends when the interrupted iteration completes again; a drifting speed re-partitions."""
-        r = self.recovery
-        gen = self.generation
-        if r is not None and ev["iteration"] >= r.interrupted and ev.get("generation") == gen.number:
-            replayed = [
-                self.iterations[k]["iteration_s"] for k in range(gen.start, ev["iteration"] + 1) if k in self.iterations
-            ]
-            restore = max(r.restore_s.values(), default=0.0)
-            # control plane in real seconds (detection and pause, planning, new groups); data plane in device seconds
-            real = r.detection_real_s + r.planning_real_s + r.setup_real_s
-            rec = Recovered(
-                generation=gen.number, real_s=real, device_s=restore + sum(replayed),
-                wall_s=time.monotonic() - r.failed_at,
-                detection_real_s=r.detection_real_s, planning_real_s=r.planning_real_s, setup_real_s=r.setup_real_s,
-                restore_device_s=restore, replay_device_s=sum(replayed), iterations_lost=0,
-                throughput_before=r.throughput_before, throughput_after=ev["throughput"],
-                summary=f"{r.summary}; recovered in {real:.1f} s real / {restore + sum(replayed):.2f} s device",
-                iteration=ev["iteration"] + 1,
-            ).to_message()  # fmt: skip
-            self.recoveries.append(rec)
-            self.recovery = None
-            self.emit(rec)
-            return
-        # Measured speeds, on every run: a board throttled, overheating or busy with something else is noticed
-        # from its step times (an injected --slow is one way to make one), and the job re-partitions on them.
-        if ev.get("generation") == gen.number and ev["iteration"] > gen.start:
-            predicted = gen.predicted_iteration_s
-            if gen.replicate_every and ev["iteration"] % gen.replicate_every == 0:
-                predicted += gen.replication_s  # the copies made after the previous iteration end in this one
-            self.drift = self.drift + 1 if ev["iteration_s"] > predicted * (1 + DRIFT) else 0
-            if self.drift >= DRIFT_ITERATIONS and self.committed < self.opts.iterations - 1:
-                speeds = self._measured_speeds(ev["iteration"])
-                if speeds:
-                    self.speed.update(speeds)
-                    self.repartition = Repartition(
-                        ev["iteration"] + 1, speeds, ev["iteration_s"], predicted, gen.number, sorted(self.learned)
-                    ).to_message()
-                    self.store.set(gen_key(gen.number, "stop"), str(ev["iteration"] + 1))
-                self.drift = 0
-
-    def _measured_speeds(self, k: int) -> dict[str, float]:
-        """Each device's compute in iteration k against its planned compute: the slow ones' factors."""
-        gen = self.generation
-        busy: dict[str, float] = {}
-        by_kind: dict[tuple[str, str], float] = {}
-        for e in self.collected.steps:
-            if e.iteration == k and e.generation == gen.number and e.kind in ("F", "B", "W"):
-                kind = "F" if e.kind == "F" else "B"  # a split backward's two halves (B and W) are its backward
-                busy[e.device] = busy.get(e.device, 0.0) + e.end - e.start
-                by_kind[e.device, kind] = by_kind.get((e.device, kind), 0.0) + e.end - e.start
-        self._learn(by_kind)
-        out = {}
-        for name, s in gen.steps.items():
-            planned = gen.plan.micro_batches * (s.forward_s + s.backward_s) * self.speed.get(name, 1.0)
-            if planned > 0 and busy.get(name, 0.0) / planned > SLOW:
-                out[name] = round(busy[name] / planned * self.speed.get(name, 1.0), 2)
-        return out
-
-    def _learn(self, busy: dict[tuple[str, str], float]) -> None:
-        """Continual learning: each probed device's measured forward and backward time per sample of its stage
-        refits its latency-predictor correction (engine.predictor.adapt), which the next re-plan uses."""
-        gen = self.generation
-        for name, s in gen.steps.items():
-            probe = self.true_cluster.device(name).probe
-            if not probe or (name, "F") not in busy or (name, "B") not in busy:
-                continue
-            if name not in self.learned:
-                from engine.predictor.adapt import DeviceModel  # scikit-learn: only for probed devices
-
-                self.learned[name] = DeviceModel.from_probe(json.loads(probe))
-            st, n, m = gen.plan.stages[s.stage], s.hi - s.lo, gen.plan.micro_batches
-            overhead = (st.end - st.start) * LAYER_OVERHEAD_S  # per step, whatever its samples
-            f, b = ((busy[name, kind] / m - overhead) / n for kind in ("F", "B"))
-            if f > 0 and b > 0:
-                self.learned[name].update(self.plan.model, st.start, st.end, n, f, b)
-
     # -- detection ----------------------------------------------------------------------------------------
 
     def _beat(self, t: float) -> None:
@@ -500,312 +395,6 @@ class Coordinator:
             return False
         return all(self.store.check([gen_key(gen.number, "held", n)]) for n in gen.plan.device_names)
 
-    # -- recovery -----------------------------------------------------------------------------------------
-
-    def _holdings(self, survivors: list[str], dead: dict[str, str]) -> list[Copy]:
-        """The copies every survivor holds (it reports them once its generation stopped); a survivor that does
-        not report within the bound is lost too."""
-        gen = self.generation
-        bound = time.monotonic() + self.detect_s + 3 * (self.dilation or 1.0) * gen.longest_wait_s + 5
-        copies: list[Copy] = []
-        waiting = list(survivors)
-        while waiting and time.monotonic() < bound:
-            for name in list(waiting):
-                k = gen_key(gen.number, "held", name)
-                if self.store.check([k]):
-                    copies += [Copy(**c) for c in json.loads(self.store.get(k))]
-                    waiting.remove(name)
-                elif self.procs.exitcode(name) is not None:
-                    dead[name] = self.procs.why(name)
-                    waiting.remove(name)
-            if waiting:
-                ev = self.procs.get(timeout=0.02)
-                if ev is not None:
-                    self._event(ev)
-        for name in waiting:
-            dead[name] = "did not answer the coordinator"
-        return copies
-
-    def _recover(self, dead: dict[str, str], reason: str) -> None:
-        gen = self.generation
-        failed_at = min((self._fault_time(n) for n in dead), default=time.monotonic())
-        self.store.set(gen_key(gen.number, "abort"), "1")
-        for name in dead:
-            self.procs.kill_one(name)
-        survivors = [n for n in gen.ranks if n not in dead and n not in gen.leaving]
-        copies = self._holdings(survivors, dead)
-        paused = time.monotonic()  # every survivor has stopped and said what it holds
-        survivors = [n for n in survivors if n not in dead]
-        interrupted = self.committed
-        for name, why in dead.items():
-            self.emit(DeviceLost(name, interrupted + 1, why, paused - failed_at, gen.number).to_message())
-        throughput = statistics.median(
-            [it["throughput"] for it in self.iterations.values() if it.get("generation") == gen.number] or [0.0]
-        )
-        if not survivors and not self._standby(gen):
-            raise self._fail(
-                f"every device was lost ({', '.join(f'{n}: {w}' for n, w in dead.items())}); the central replica "
-                f"as of iteration {self.central_done} is in {self.run_dir}: continue with --resume {self.run_dir}",
-                next(iter(dead)),
-                interrupted + 1,
-            )
-        self.gone.update(dead)
-        plan, planning = self._replan(survivors + self._standby(gen), dead)
-        copies += [*self._central_copies(), seed_copy(self.w.num_layers)]
-        t = rollback_point(self.w.num_layers, copies)
-        pieces = restore_pieces(plan, t, copies)
-        nxt = self._generation(gen.number + 1, plan, t, pieces, _sources_outside(plan, pieces))
-        self._announce(nxt, planning, reason)
-        if t < interrupted + 1:
-            self.emit(Replay(t + 1, interrupted + 1, nxt.number).to_message())
-        names = ", ".join(dead)
-        remote: list[list] = []  # [start, end, source, kind], adjacent ranges from the same copy merged
-        for a, b, src, kind in sorted({(p.start, p.end, p.source, p.kind) for p in pieces if not p.local}):
-            if remote and remote[-1][1] == a and remote[-1][2:] == [src, kind]:
-                remote[-1][1] = b
-            else:
-                remote.append([a, b, src, kind])
-        restored = ", ".join(f"{layer_text(a, b)} restored from {src} ({kind})" for a, b, src, kind in remote)
-        causes = "; ".join(c.removeprefix("died (").removesuffix(")") for c in dead.values())  # "SIGKILL"
-        replayed = f"iteration {t + 1}" if t == interrupted else f"iterations {t + 1}-{interrupted + 1}"
-        summary = (
-            f"{names} lost during iteration {interrupted + 1} ({causes}): re-planned on "
-            f"{len(plan.device_names)} device{'s' if len(plan.device_names) > 1 else ''} in {planning:.1f} s"
-            + (f", {restored}" if restored else "")
-            + (f", replayed {replayed}" if t < interrupted + 1 else "")
-        )
-        earlier = self.recovery  # a failure during a recovery: one recovery, from the first failure on
-        if earlier is not None:
-            failed_at, throughput = earlier.failed_at, earlier.throughput_before
-            interrupted = max(interrupted, earlier.interrupted)
-            summary = f"{earlier.summary}; then {summary}"
-        self.recovery = _Recovery(nxt.number, failed_at, interrupted, paused - failed_at, planning, throughput, summary)
-        self.committed = t
-        self._start_standby(gen, nxt)
-        self._publish(nxt, self._central_pieces(nxt))
-
-    def _standby(self, gen: Generation) -> list[str]:
-        """Devices of the cluster outside generation `gen` that may still be planned on (never lost, never left)."""
-        return [d.name for d in self.true_cluster.devices if d.name not in gen.ranks and d.name not in self.gone]
-
-    def _start_standby(self, gen: Generation, nxt: Generation) -> None:
-        """Start the processes of the devices the next plan takes from the standby ones."""
-        for name in nxt.plan.device_names:
-            if name not in gen.ranks:
-                self._spawn(name, nxt.number)
-
-    def _fault_time(self, name: str) -> float:
-        """When the device failed: the injected fault's own note, else its last heartbeat."""
-        k = key("fault", name)
-        if self.store.check([k]):
-            return float(self.store.get(k))
-        return self.beats.get(name, (0, time.monotonic()))[1]
-
-    def _replan(self, names: list[str], dead: dict[str, str]) -> tuple[Plan, float]:
-        started = time.monotonic()
-        cluster = self._cluster(names)
-        try:
-            method = self.plan.method if self.plan.method in COMPARED else "asteroid"  # hand-made or exhaustive
-            # the run's compression: what the user allowed, else its first plan's levels
-            levels, auto = parse_compression(self.opts.compression or plan_compression(self.plan.compression))
-            problem = Problem(self._planning_workload(), cluster, self.plan.batch_size, allreduce=self.plan.allreduce)
-            plan = plan_compressed(method, problem, levels, auto)
-        except NoFeasiblePlan:
-            plan = None
-        if plan is None or not plan.predicted.fits:
-            lost = ", ".join(dead) or "the change"
-            raise self._fail(
-                f"cannot go on after {lost}: the {len(names)} remaining device(s) ({', '.join(names)}) cannot hold "
-                f"{self.plan.model} at batch size {self.plan.batch_size}; the central replica as of iteration "
-                f"{self.central_done} is in {self.run_dir}",
-                next(iter(dead), ""),
-                self.committed + 1,
-            )
-        return plan, time.monotonic() - started
-
-    def _membership_change(self) -> None:
-        """An agreed stop at an iteration boundary: graceful leaves, joins, or a re-partition. No rollback."""
-        gen = self.generation
-        copies = []
-        for name in gen.plan.device_names:
-            copies += [Copy(**c) for c in json.loads(self.store.get(gen_key(gen.number, "held", name)))]
-        # The boundary is where the devices stopped (their live copies say it); the events of the iterations up
-        # to it may still be on their way (a site's agents relay them): read them before the next generation.
-        boundary = max([c.iteration for c in copies if c.kind == "live"], default=self.committed)
-        deadline = time.monotonic() + self.detect_s + 10
-        while self.committed < boundary and time.monotonic() < deadline:
-            ev = self.procs.get(timeout=0.05)
-            if ev is not None:
-                self._event(ev)
-        self.committed = boundary = max(boundary, self.committed)
-        leaving = [
-            lv.device for lv in self.pending_leave if lv.iteration <= boundary and lv.device in gen.plan.device_names
-        ]
-        self.pending_leave = [lv for lv in self.pending_leave if lv.device not in leaving]
-        self.gone.update(leaving)
-        joining = [j for j in self.pending_join if j.iteration <= boundary]
-        self.pending_join = [j for j in self.pending_join if j not in joining]
-        names = [n for n in gen.plan.device_names if n not in leaving]
-        new = []
-        for j in joining:
-            if j.device is not None and j.device.name in {d.name for d in self.true_cluster.devices}:
-                self.gone.discard(j.device.name)  # a standby or earlier device: planned on again
-                continue
-            device = j.device or self._new_device(j.kind)
-            self.true_cluster = Cluster(
-                (*self.true_cluster.devices, device), self.true_cluster.bandwidth_mbps,
-                self.true_cluster.latency_ms, self.true_cluster.name,
-            )  # fmt: skip
-            new.append((device.name, device.kind))
-            names.append(device.name)
-        standby = self._standby(gen)
-        reason = "left" if leaving else "joined" if joining else "repartition" if self.repartition else "left"
-        if reason == "repartition":
-            self.emit(self.repartition)
-        self.repartition = None
-        plan, planning = self._replan(names + [n for n in standby if n not in names], {})
-        pieces = restore_pieces(plan, boundary, copies)
-        leaving = [*leaving, *(n for n in _sources_outside(plan, pieces) if n not in leaving)]
-        nxt = self._generation(gen.number + 1, plan, boundary, pieces, leaving)
-        for name in leaving:
-            self.emit(DeviceLeft(name, boundary, nxt.number).to_message())
-        for name, kind in new:
-            self.emit(DeviceJoined(name, kind, boundary, nxt.number).to_message())
-        self._start_standby(gen, nxt)
-        self._announce(nxt, planning, reason)
-        self._publish(nxt, {})
-
-    def _announce(self, nxt: Generation, planning_s: float, reason: str) -> None:
-        """Report generation `nxt`'s plan (a `replan` event) and keep it in `plans`."""
-        plan = nxt.plan
-        throughput = plan.predicted.expected_throughput if plan.predicted else 0.0
-        self.emit(Replan(nxt.number, plan.to_dict(), planning_s, reason, throughput, nxt.start).to_message())
-        self.plans.append({"generation": nxt.number, "plan": plan.to_dict(), "reason": reason, "start": nxt.start})
-
-    def _new_device(self, kind_name: str) -> Device:
-        """A device of `kind_name` for `--join`, named after its kind: nano-3 when nano-0..2 exist."""
-        kind = get_kind(kind_name)
-        short = kind_name.split("-")[-1] if "-" in kind_name else kind_name
-        taken = {d.name for d in self.true_cluster.devices}
-        n = 0
-        while f"{short}-{n}" in taken:
-            n += 1
-        return Device.of_kind(f"{short}-{n}", kind.key)
-
-    def _ask_stop(self) -> None:
-        """Ask the generation's devices to stop at the next iteration boundary (unless a stop is agreed already)."""
-        stop = gen_key(self.generation.number, "stop")
-        if not self.store.check([stop]):
-            self.store.set(stop, str(self.committed))  # devices stop after the iteration in progress (0-based)
-
-    def leave(self, name: str) -> None:
-        """A graceful leave asked while the run goes on (an administrator removed the device): at the next
-        iteration boundary it hands over its layers and the run goes on without it. Thread-safe."""
-        self.requests.put(lambda: self._leave(name))
-
-    def join(self, device: Device) -> None:
-        """A device offered to the running job joins at the next iteration boundary. Thread-safe."""
-        self.requests.put(lambda: self._join(device))
-
-    def _leave(self, name: str) -> None:
-        gen = self.generation
-        if name not in gen.plan.device_names:  # a standby device: it is simply never planned on
-            self.gone.add(name)
-            return
-        self.pending_leave.append(Leave(name, self.committed + 1))
-        self._ask_stop()
-
-    def _join(self, device: Device) -> None:
-        self.pending_join.append(Join(device.kind, self.committed + 1, device))
-        self._ask_stop()
-
-    # -- the central replica ------------------------------------------------------------------------------
-
-    def _poll_central(self) -> None:
-        """Collect the stages' parts of the central replica; once an iteration is whole, write it to disk."""
-        gen = self.generation
-        if not gen.replicate_every:
-            return
-        K = gen.replicate_every
-        for t in range(self.central_done + K - self.central_done % K, self.committed + 1, K):
-            parts = self.central.setdefault(t, {})
-            for st in gen.plan.stages:
-                k = key("central", t, f"{st.start}-{st.end}")
-                if (st.start, st.end) not in parts and has_bytes(self.store, k):
-                    parts[(st.start, st.end)] = layerstate.from_bytes(get_bytes(self.store, k, delete=True))
-            covered = sorted(parts)
-            if (
-                covered
-                and covered[0][0] == 0
-                and covered[-1][1] == self.w.num_layers
-                and all(a[1] == b[0] for a, b in zip(covered, covered[1:]))
-            ):
-                self.central_done = t
-                self._persist(t)
-                for old in [x for x in self.central if x < t]:
-                    del self.central[old]
-
-    def _central_copies(self) -> list[Copy]:
-        return [Copy(CENTRAL, CENTRAL, t, a, b) for t, parts in self.central.items() for a, b in parts]
-
-    def _central_pieces(self, gen: Generation) -> dict[int, bytes]:
-        out = {}
-        for i, p in enumerate(gen.pieces):
-            if p.source == CENTRAL:
-                states = {}
-                for (a, b), part in self.central[p.iteration].items():
-                    states.update(layerstate.select(part, max(a, p.start), min(b, p.end)))
-                out[i] = layerstate.to_bytes(states)
-        return out
-
-    def _write_run(self) -> None:
-        if self.run_dir is None:
-            return
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        doc = {
-            "model": self.plan.model, "method": self.plan.method, "batch_size": self.plan.batch_size,
-            "cluster": self.plan.cluster.to_dict(), "options": self.opts.to_dict(), "replicate_every": self.K,
-            "allreduce": self.plan.allreduce,
-        }  # fmt: skip
-        _atomic(self.run_dir / "run.json", json.dumps(doc, indent=2).encode())
-
-    def _persist(self, t: int) -> None:
-        if self.run_dir is None:
-            return
-        states = {}
-        for part in self.central[t].values():
-            states.update(part)
-        buf = layerstate.to_bytes({"iteration": t, "layers": states, "devices": self.generation.plan.device_names})
-        _atomic(self.run_dir / "central.pt", buf)
-
     def _fail(self, message: str, device: str = "", iteration: int = 0) -> RunFailed:
         self.store.set(key("end"), f"failed: {message}")
         return RunFailed(message, device, iteration)
-
-
-def _sources_outside(plan: Plan, pieces) -> list[str]:
-    """Devices the new plan leaves out that still hand over layers: they take part in the restore, then exit."""
-    members = set(plan.device_names)
-    return sorted({p.source for p in pieces if not p.local and p.source != CENTRAL and p.source not in members})
-
-
-def _atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def load_resume(run_dir: Path) -> tuple[dict, dict]:
-    """The run document and the central replica of a run directory (for `train --resume`)."""
-    try:
-        doc = json.loads((run_dir / "run.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise UserError(f"cannot resume from {run_dir}: no readable run.json ({exc})") from None
-    try:
-        central = torch.load(run_dir / "central.pt", weights_only=True)
-    except (OSError, RuntimeError, EOFError) as exc:
-        raise UserError(f"cannot resume from {run_dir}: no central replica yet ({exc})") from None
-    return doc, central

@@ -285,7 +285,8 @@ def run_options(job: Job):
 def coordinator_for(job: Job):
     """The engine Coordinator of a job whose devices all accepted; resumed from its central replica when an
     earlier coordinators process had made one (the site restarted mid-job)."""
-    from engine.runtime.coordinator import Coordinator, load_resume
+    from engine.runtime.central import load_resume
+    from engine.runtime.coordinator import Coordinator
     from engine.workloads import workload
 
     plan = job.plan_object  # the newest generation's: its devices were alive when the site stopped
