@@ -354,9 +354,9 @@ def infeasible_message(problem: Problem, method: str) -> str:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from engine.events import chrome_trace
     from engine.simulator import simulate
     from engine.tables import simulation_table
+    from engine.trace import chrome_trace
     from engine.workloads import workload
 
     plan = _read_plan(args.plan)
@@ -389,9 +389,9 @@ def _read_plan(arg: str) -> Plan:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from engine.compression import compression_text, parse_compression
-    from engine.events import chrome_trace, side_by_side
     from engine.runtime.launcher import RunOptions, save_events, train
     from engine.tables import CHANGE_LINES, change_line, eval_line, iteration_line, run_summary
+    from engine.trace import chrome_trace, side_by_side
     from engine.workloads import workload
 
     if (args.rank is None) != (args.rendezvous is None):

@@ -8,10 +8,11 @@ import pytest
 
 from engine.costmodel import Workload, score
 from engine.devices import LAYER_OVERHEAD_S, Cluster, Device, load_cluster
-from engine.events import StepEvent, chrome_trace
+from engine.events import StepEvent
 from engine.plan import Plan, Share, Stage
 from engine.schedule import SCHEDULES
 from engine.simulator import simulate
+from engine.trace import chrome_trace
 from tests.engine.instances import solved_instance
 
 EPS = 1e-12  # float slack on event ordering

@@ -12,7 +12,8 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from engine.errors import UserError
-from engine.events import StepEvent, chrome_trace
+from engine.events import StepEvent
+from engine.trace import chrome_trace
 from webapp.devices.models import Device
 from webapp.jobs import actions, ending, figures, launching, planning, rows
 from webapp.jobs.artifacts import model_path
