@@ -1,0 +1,265 @@
+"""The command line's arguments: one parser per command, each mistake reported as one line."""
+
+from __future__ import annotations
+
+import argparse
+
+from engine.errors import UserError
+from engine.planners import PLANNERS
+from engine.schedule import SCHEDULES
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage mistake as one line."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def _compression(text: str) -> tuple[tuple[int, ...], bool]:
+    from engine.compression import parse_compression
+
+    try:
+        return parse_compression(text)
+    except UserError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _compression_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--compression",
+        type=_compression,
+        default=((), False),
+        metavar="off|8|4|2|auto",
+        help="bits per value of the activations and gradients sent between stages (default off); auto: per "
+        "boundary, the level the cost model predicts fastest (auto:8,4 limits the levels it may pick)",
+    )
+
+
+def _allreduce_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--allreduce",
+        default="off",
+        choices=["off", "fp16", "bf16"],
+        help="the stage's gradient all-reduce in 16-bit floats (torch's DDP compression hooks; half the bytes) or "
+        "float32 (default off)",
+    )
+
+
+def _schedule_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--schedule",
+        default="auto",
+        choices=["auto", *SCHEDULES],
+        help="the pipeline schedule: 1F1B, or zero-bubble ZB-H1 (1F1B's memory) or ZB-H2 (more activations held), "
+        "whose backward is split into input and weight gradients; default auto: Asteroid simulates each and keeps "
+        "the fastest that fits",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m engine", description="Plan, simulate and benchmark hybrid pipeline training.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("plan", help="plan a model on a cluster and predict its throughput")
+    p.add_argument("--model", required=True, help="a model of the zoo (see `python -m engine models`)")
+    p.add_argument("--cluster", required=True, help="A, B, C, D or a cluster JSON file")
+    p.add_argument("--batch-size", required=True, type=_positive_int, help="global batch size per iteration")
+    p.add_argument("--method", default="asteroid", choices=[*PLANNERS, "all"], help="planner (default asteroid)")
+    p.add_argument("--bandwidth-mbps", type=_positive_float, help="override the cluster's link bandwidth")
+    p.add_argument("--optimizer", default="sgd", choices=["sgd", "adam"], help="optimizer state to budget for")
+    p.add_argument("--refresh-profile", action="store_true", help="profile the model again instead of the cache")
+    p.add_argument("--json", action="store_true", help="print the plan JSON (with --method all: every plan)")
+    _compression_argument(p)
+    _allreduce_argument(p)
+    _schedule_argument(p)
+
+    s = sub.add_parser("simulate", help="simulate one iteration of a plan file (under its schedule)")
+    s.add_argument("--plan", required=True, help="a plan JSON file (from `plan --json`, or hand-edited)")
+    s.add_argument("--trace", help="write a Chrome-trace file (open in Perfetto or chrome://tracing)")
+    s.add_argument("--json", action="store_true", help="print the result as JSON")
+
+    t = sub.add_parser(
+        "train",
+        help="train with one process per device: the whole cluster emulated here, or one device of a real run",
+        description="Local run: --model and --cluster (planned with --method) or --plan, usually with --emulate. "
+        "One device of a distributed run: --plan, --rank and --rendezvous (rank 0 hosts the rendezvous store).",
+    )
+    t.add_argument("--model", help="a model of the zoo")
+    t.add_argument("--cluster", help="A, B, C, D or a cluster JSON file")
+    t.add_argument("--batch-size", type=_positive_int, default=64, help="global batch size (default 64)")
+    t.add_argument("--method", default="asteroid", choices=list(PLANNERS), help="planner (default asteroid)")
+    t.add_argument("--bandwidth-mbps", type=_positive_float, help="override the cluster's link bandwidth")
+    t.add_argument("--plan", help="train this plan file instead of planning")
+    t.add_argument("--emulate", action="store_true", help="emulate the plan's devices here (time dilation)")
+    t.add_argument("--dilation", type=_positive_float, help="wall seconds per device second (default: calibrated)")
+    t.add_argument("--iterations", type=_positive_int, default=10, help="optimizer steps (default 10)")
+    t.add_argument("--lr", type=_positive_float, default=0.05, help="SGD learning rate (default 0.05)")
+    t.add_argument(
+        "--dataset",
+        default="synthetic",
+        help="synthetic (default), digits (images) or pytext (language models), bundled; cifar10 (from --data-dir); "
+        "images (--data-dir DIR, one sub-folder per class) or text (--data-dir FILE)",
+    )
+    t.add_argument(
+        "--data-dir", help="cifar10's folder (default $ASTEROID_DATA_DIR), the images' folder or the text file"
+    )
+    t.add_argument(
+        "--eval-every",
+        type=int,
+        default=0,
+        metavar="N",
+        help="score the dataset's held-out split every N iterations and after the last (default 0: never)",
+    )
+    t.add_argument(
+        "--eval-samples", type=_positive_int, default=512, help="held-out samples scored, in whole batches (512)"
+    )
+    _compression_argument(t)
+    _allreduce_argument(t)
+    _schedule_argument(t)
+    t.add_argument("--seed", type=int, default=0, help="seed of the weights and the batch order")
+    t.add_argument("--timeout", type=_positive_float, default=30.0, help="seconds before a silent device is dead")
+    t.add_argument("--save", help="write the trained model as one state_dict (torch.save) to this file")
+    t.add_argument("--events", help="append every event as a JSON line to this file")
+    t.add_argument("--trace", help="write a Chrome trace: the last iteration measured, above the simulated one")
+    t.add_argument("--json", action="store_true", help="print the summary as one JSON document")
+    t.add_argument("--rank", type=int, help="this device's rank in the plan's device order (distributed run)")
+    t.add_argument("--rendezvous", help="HOST:PORT of the rendezvous store (distributed run)")
+    t.add_argument("--generation", type=int, default=0, help="rendezvous generation (a new one per re-plan)")
+    f = t.add_argument_group("fault tolerance (a local run: the launcher is the coordinator)")
+    f.add_argument(
+        "--fail",
+        action="append",
+        default=[],
+        metavar="DEV@IT[:PHASE]",
+        help="SIGKILL device DEV in iteration IT (phase forward, backward, all-reduce, send or replica)",
+    )
+    f.add_argument(
+        "--leave",
+        action="append",
+        default=[],
+        metavar="DEV@IT",
+        help="device DEV finishes iteration IT, hands over its layers and leaves",
+    )
+    f.add_argument(
+        "--join",
+        action="append",
+        default=[],
+        metavar="KIND@IT",
+        help="a new device of KIND (nano, tx2, nx, ...) joins after iteration IT",
+    )
+    f.add_argument(
+        "--slow",
+        action="append",
+        default=[],
+        metavar="DEV@IT:FACTOR",
+        help="device DEV runs FACTOR times slower from iteration IT (the run re-partitions)",
+    )
+    f.add_argument(
+        "--replicate-every",
+        type=int,
+        metavar="K",
+        help="copy each stage's layers to a neighbour and the coordinator every K iterations "
+        "(default: the period that costs at most 4%% of the predicted throughput; 0: never)",
+    )
+    f.add_argument("--run-dir", help="where the coordinator keeps the central replica (default runs/<time>)")
+    f.add_argument("--resume", metavar="DIR", help="continue the run whose coordinator died, from DIR's replica")
+    f.add_argument(
+        "--detect",
+        type=_positive_float,
+        default=2.0,
+        help="seconds without a heartbeat before a device is lost (default 2)",
+    )
+
+    b = sub.add_parser("bench", help="run a benchmark and print its tables")
+    b.add_argument(
+        "name",
+        choices=["planner", "reproduce", "recovery", "compression", "predictor", "spread", "ideal", "schedule"],
+        help="planner: planning time and predicted throughput; reproduce: train every method on clusters A-D; "
+        "recovery: recovery from killed devices against a checkpoint-restart baseline; compression: training at "
+        "each compression level between stages against none; predictor: latency prediction for an unseen device, leave "
+        "one measured configuration out; spread: FTPipeHD's setting (an NX beside boards 10x slower), Asteroid, "
+        "FTPipeHD and the even pipeline trained; ideal: where the device time of Asteroid's plans goes against the "
+        "ideal, by batch size (simulated; default clusters B and C at 1000 Mbps); schedule: 1F1B against the "
+        "zero-bubble schedules on Asteroid's plans, simulated and trained (default mobilenetv2 and gpt-small on B "
+        "and C at 1000 Mbps; --quick: simulated only)",
+    )
+    b.add_argument("--quick", action="store_true", help="a small grid, for a fast look")
+    b.add_argument("--timeout", type=_positive_float, default=60.0, help="planner: seconds allowed per cell")
+    b.add_argument("--output", help="also write the markdown report to this file")
+    b.add_argument(
+        "--clusters",
+        default=None,
+        help="reproduce, recovery, compression, ideal, schedule: clusters to run (default ABCD; compression: C; ideal, "
+        "schedule: BC)",
+    )
+    b.add_argument(
+        "--models",
+        help="reproduce, recovery, compression, spread, ideal, schedule: comma-separated models (default: the paper's "
+        "four; compression, schedule: mobilenetv2,gpt-small; spread: mobilenetv2,vgg16,bert-small)",
+    )
+    b.add_argument(
+        "--bandwidths",
+        default="1000,100",
+        help="reproduce, recovery, compression, spread: comma-separated Mbps (default 1000,100; spread: 1000)",
+    )
+    b.add_argument("--methods", help="reproduce: comma-separated methods (default: all five)")
+    b.add_argument(
+        "--iterations",
+        type=_positive_int,
+        help="reproduce: iterations per run (default 2); spread, schedule: per run (default 4); compression: of the "
+        "accuracy "
+        "runs (60 for mobilenetv2, 20 "
+        "for gpt-small); recovery: iterations per run (default 10, "
+        "the failure in iteration 6, or the one before the last in shorter runs)",
+    )
+    b.add_argument(
+        "--scenarios",
+        help="recovery: comma-separated failures among one (tx2-1), nx (the only NX of a cluster), stage (the device "
+        "of a single-device stage), two (two devices at once); default all (--quick: one)",
+    )
+    b.add_argument(
+        "--replicate-every",
+        type=_positive_int,
+        help="recovery: replication period K of ours, also the restart's checkpoint period (default 2)",
+    )
+    b.add_argument("--batch-size", type=_positive_int, default=32, help="recovery: global batch size (default 32)")
+    b.add_argument(
+        "--budget", type=float, default=120.0, help="reproduce: wall seconds a run may take, 0 for no limit (120)"
+    )
+    b.add_argument(
+        "--figure",
+        help="reproduce, recovery, compression, predictor: write the Plotly figure to this path (.html, and .png if "
+        "possible)",
+    )
+    b.add_argument(
+        "--record", help="reproduce, compression: keep every run as JSON in this file (rewritten after each run)"
+    )
+    b.add_argument(
+        "--from-record",
+        help="reproduce, compression: make the report from records instead of training (comma-separated; later "
+        "runs of the same cell and method replace earlier ones)",
+    )
+
+    sub.add_parser("models", help="list the model zoo")
+    return parser

@@ -1,0 +1,108 @@
+"""`plan` and `simulate`: a plan for a model on a cluster, or a plan file's simulated iteration."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from engine.costmodel import ideal_throughput
+from engine.devices import load_cluster
+from engine.errors import UserError
+from engine.plan import Plan
+from engine.planners import COMPARED, NoFeasiblePlan, Problem
+from engine.planners.levels import plan_compressed
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from engine.tables import comparison_table, plan_table
+    from engine.workloads import workload
+
+    cluster = load_cluster(args.cluster, args.bandwidth_mbps)
+    w = workload(args.model, refresh=args.refresh_profile, optimizer=args.optimizer, cluster=cluster)
+    problem = Problem(w, cluster, args.batch_size, allreduce=args.allreduce, schedule=args.schedule)
+    if args.method != "all":
+        plan = fitting_plan(args.method, problem, args.compression)
+        print(json.dumps(plan.to_dict(), indent=2) if args.json else plan_table(plan))
+        return 0
+    results: dict[str, Plan | str] = {}
+    for method in COMPARED:
+        try:
+            results[method] = plan_compressed(method, problem, *args.compression, progress=sys.stderr.isatty())
+        except NoFeasiblePlan as exc:
+            if method == "asteroid":
+                raise UserError(infeasible_message(problem, method)) from None
+            results[method] = f"no plan: {exc}"
+    ideal = ideal_throughput(w, cluster)
+    if args.json:
+        doc = {
+            "model": w.model,
+            "batch_size": args.batch_size,
+            "cluster": cluster.to_dict(),
+            "ideal_throughput": ideal,
+            "plans": {m: r.to_dict() if isinstance(r, Plan) else {"error": r} for m, r in results.items()},
+        }
+        print(json.dumps(doc, indent=2))
+    else:
+        print(comparison_table(results, ideal))
+        print()
+        print(plan_table(results["asteroid"]))
+    return 0
+
+
+def fitting_plan(method: str, problem: Problem, compression: tuple[tuple[int, ...], bool] = ((), False)) -> Plan:
+    """The method's plan (at the `--compression` levels), or a UserError saying what does not fit and which
+    batch size would."""
+    try:
+        plan = plan_compressed(method, problem, *compression, progress=sys.stderr.isatty())
+    except NoFeasiblePlan:
+        raise UserError(infeasible_message(problem, method)) from None
+    if not plan.predicted.fits:
+        raise UserError(infeasible_message(problem, method))
+    return plan
+
+
+def infeasible_message(problem: Problem, method: str) -> str:
+    """Say what does not fit, and the largest batch size (halving) the method can offer instead."""
+    from engine.planners.feasibility import diagnose
+
+    why = diagnose(problem, method)
+    if why.fitting_batch_size is None:
+        return f"{why.summary}; it does not fit even at batch size 1"
+    n = why.fitting_batch_size
+    return f"{why.summary}; the largest batch size that fits is about {n}: try --batch-size {n}"
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from engine.simulator import simulate
+    from engine.tables import simulation_table
+    from engine.trace import chrome_trace
+    from engine.workloads import workload
+
+    plan = _read_plan(args.plan)
+    sim = simulate(plan, workload(plan.model, cluster=plan.cluster))
+    if args.trace:
+        trace = chrome_trace(list(sim.events), plan.device_names, f"{plan.method} {plan.model}")
+        try:
+            Path(args.trace).write_text(json.dumps(trace))
+        except OSError as exc:
+            raise UserError(f"cannot write trace {args.trace}: {exc}") from None
+    print(json.dumps(sim.to_dict(), indent=2) if args.json else simulation_table(plan, sim))
+    if args.trace and not args.json:
+        print(f"trace written to {args.trace} (open it in https://ui.perfetto.dev or chrome://tracing)")
+    return 0
+
+
+def _read_plan(arg: str) -> Plan:
+    """A plan file; every problem with it is one line."""
+    path = Path(arg)
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"plan file {arg} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"cannot read plan file {arg}: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise UserError(f"plan file {arg} is not valid JSON: {exc}") from None
+    return Plan.from_dict(doc)

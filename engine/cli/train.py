@@ -1,0 +1,191 @@
+"""`train`: a local run of every device (emulated or not), a resumed run, or one device of a distributed run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from engine.cli.plan import _read_plan, fitting_plan
+from engine.devices import Cluster, load_cluster
+from engine.errors import UserError
+from engine.plan import Plan
+from engine.planners import PLANNERS, Problem
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from engine.compression import compression_text, parse_compression
+    from engine.runtime.launcher import RunOptions, save_events, train
+    from engine.tables import CHANGE_LINES, change_line, eval_line, iteration_line, run_summary
+    from engine.trace import chrome_trace, side_by_side
+    from engine.workloads import workload
+
+    if (args.rank is None) != (args.rendezvous is None):
+        raise UserError("a distributed run needs both --rank and --rendezvous")
+    from engine.runtime.faults import FaultArgs
+
+    faults = FaultArgs(args.fail, args.leave, args.join, args.slow).parse()
+    if args.replicate_every is not None and args.replicate_every < 0:
+        raise UserError(f"--replicate-every must be 0 or more, got {args.replicate_every}")
+    resume = None
+    if args.resume:
+        from engine.runtime.central import load_resume
+
+        if args.plan or args.model or args.cluster:
+            raise UserError("--resume continues the run in DIR: give no --plan, --model or --cluster")
+        doc, resume = load_resume(Path(args.resume))
+        cluster = Cluster.from_dict(doc["cluster"])
+        cluster = Cluster(
+            tuple(d for d in cluster.devices if d.name in resume["devices"]),
+            cluster.bandwidth_mbps, cluster.latency_ms, cluster.name,
+        )  # fmt: skip
+        w = workload(doc["model"], cluster=cluster)
+        method = doc["method"] if doc["method"] in PLANNERS else "asteroid"
+        options = RunOptions.from_dict(doc["options"])
+        allowed = parse_compression(options.compression or "off")
+        problem = Problem(w, cluster, doc["batch_size"], allreduce=doc.get("allreduce", "off"))
+        plan = fitting_plan(method, problem, allowed)
+        args.iterations, args.replicate_every = options.iterations, doc["replicate_every"]
+        args.run_dir = args.resume
+        if not args.json:
+            print(f"resuming {doc['model']} in {args.resume} from iteration {resume['iteration']} "
+                  f"on {len(plan.device_names)} devices", file=sys.stderr)  # fmt: skip
+    elif args.plan:
+        if args.model or args.cluster:
+            raise UserError("give either --plan or --model/--cluster, not both")
+        if args.compression[0]:
+            raise UserError("a plan file sets its own compression (its 'compression' field): drop --compression")
+        if args.allreduce != "off":
+            raise UserError("a plan file sets its own all-reduce format (its 'allreduce' field): drop --allreduce")
+        if args.schedule != "auto":
+            raise UserError("a plan file sets its own schedule (its 'schedule' field): drop --schedule")
+        plan = _read_plan(args.plan)
+        w = workload(plan.model, cluster=plan.cluster)
+    else:
+        if not (args.model and args.cluster):
+            raise UserError("train needs --model and --cluster (or --plan)")
+        if args.rank is not None:
+            raise UserError("a distributed run trains a plan file: pass --plan (every device the same)")
+        cluster = load_cluster(args.cluster, args.bandwidth_mbps)
+        w = workload(args.model, cluster=cluster)
+        problem = Problem(w, cluster, args.batch_size, allreduce=args.allreduce, schedule=args.schedule)
+        plan = fitting_plan(args.method, problem, args.compression)
+    plan.validate(w.num_layers)
+    if not args.resume:
+        options = RunOptions(
+            iterations=args.iterations,
+            lr=args.lr,
+            seed=args.seed,
+            dataset=args.dataset,
+            data_dir=args.data_dir,
+            emulate=args.emulate,
+            dilation=args.dilation,
+            timeout_s=args.timeout,
+            save_model=bool(args.save),
+            generation=args.generation,
+            eval_every=args.eval_every,
+            eval_samples=args.eval_samples,
+            compression=None if args.plan else compression_text(*args.compression),  # a plan file: its own levels
+        )
+    else:
+        options = replace(options, save_model=bool(args.save))
+    if args.rank is not None:
+        if faults or args.resume:
+            raise UserError("--fail, --leave, --join, --slow and --resume need a local run (no --rank)")
+        return _train_one_device(args, plan, w, options)
+    run_dir = args.run_dir or time.strftime("runs/%Y%m%d-%H%M%S")
+    writers = [save_events(args.events)] if args.events else []
+    tty = sys.stderr.isatty() and not args.json
+    if not args.json and not tty:
+        writers.append(lambda ev: ev["type"] == "iteration" and print(iteration_line(ev, args.iterations), flush=True))
+    if not args.json:
+        writers.append(lambda ev: ev["type"] in CHANGE_LINES and print(change_line(ev), file=sys.stderr, flush=True))
+        writers.append(lambda ev: ev["type"] == "eval" and print(eval_line(ev), file=sys.stderr, flush=True))
+    result = train(
+        plan, w, options, on_event=lambda ev: [f(ev) for f in writers], progress=tty, faults=faults,
+        run_dir=run_dir, replicate_every=args.replicate_every, resume=resume, detect_s=args.detect,
+    )  # fmt: skip
+    if args.save:
+        import torch
+
+        try:
+            torch.save(result.state_dict, args.save)
+        except OSError as exc:
+            raise UserError(f"cannot write model {args.save}: {exc}") from None
+    if args.trace:
+        from engine.simulator import simulate
+
+        last = result.iterations[-1]
+        begin = result.iterations[-2]["time"] if len(result.iterations) > 1 else 0.0
+        if len(result.generations) > 1:  # the whole run: the lost device, the gap, the replayed iterations
+            measured, title = list(result.events), f"measured: every iteration of {plan.method} {plan.model}"
+        else:
+            measured = [
+                replace(e, start=e.start - begin, end=e.end - begin)
+                for e in result.events
+                if e.iteration == last["iteration"] and e.generation == last.get("generation", 0)
+            ]
+            title = f"measured: iteration {last['iteration'] + 1} of {plan.method} {plan.model}"
+        names = plan.device_names
+        sim = simulate(plan, w)
+        trace = side_by_side(
+            [
+                chrome_trace(measured, names, title, 0),
+                chrome_trace(list(sim.events), names, "simulated (cost model)", 1),
+            ]
+        )
+        try:
+            Path(args.trace).write_text(json.dumps(trace))
+        except OSError as exc:
+            raise UserError(f"cannot write trace {args.trace}: {exc}") from None
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        print(run_summary(result))
+        for what, path in (("model", args.save), ("events", args.events), ("trace", args.trace)):
+            if path:
+                print(f"{what} written to {path}")
+    return 0
+
+
+def _train_one_device(args: argparse.Namespace, plan: Plan, w, options) -> int:
+    """One device of a distributed run: this process is rank `--rank`; rank 0 hosts the store."""
+    from dataclasses import replace
+
+    from engine.costmodel import score
+    from engine.runtime.config import DeviceConfig
+    from engine.runtime.launcher import save_events
+    from engine.runtime.worker import run_device
+    from engine.steps import device_steps
+    from engine.tables import iteration_line
+
+    names = plan.device_names
+    if not 0 <= args.rank < len(names):
+        raise UserError(f"--rank must be between 0 and {len(names) - 1} for this plan, got {args.rank}")
+    host, _, port = args.rendezvous.rpartition(":")
+    if not host or not port.isdigit():
+        raise UserError(f"--rendezvous must be HOST:PORT, got {args.rendezvous!r}")
+    name = names[args.rank]
+    steps, predicted = device_steps(plan, w)[name], score(plan, w).iteration_s
+    # --save is the launcher's (it merges every stage's part); one device of a distributed run saves nothing
+    options = replace(options, save_model=False)
+    cfg = DeviceConfig(plan, steps, args.rank, host, int(port), options, args.rank == 0, predicted)
+    write = save_events(args.events) if args.events else None
+    errors: list[str] = []
+
+    def emit(ev: dict) -> None:
+        if write:
+            write(ev)
+        if ev["type"] == "iteration" and not args.json:
+            print(iteration_line(ev, args.iterations), flush=True)
+        elif ev["type"] == "device-error":
+            errors.append(ev["message"])
+        elif ev["type"] == "device-done" and args.json:
+            print(json.dumps({k: v for k, v in ev.items() if k != "state_dict"}))
+
+    if run_device(cfg, emit):
+        raise UserError(f"device {name} stopped: {errors[0] if errors else 'unknown error'}")
+    return 0
