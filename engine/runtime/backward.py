@@ -41,7 +41,3 @@ class SplitBackward:
             out.backward(grad)
         else:
             stage_backward_weight(iter(self.params), item[1])
-
-    def clear(self) -> None:
-        """Forget every pending W (an aborted iteration)."""
-        self.pending.clear()
