@@ -31,12 +31,9 @@ def run_planner(args: argparse.Namespace) -> str:
 def run_reproduce(args: argparse.Namespace) -> str:
     """Check the reproduce arguments (each mistake is one UserError line), train or load the runs, render them."""
     from engine.bench import render, reproduce
-    from engine.devices import CLUSTERS
     from engine.models import get_model
 
-    clusters = ("ABCD" if args.clusters is None else args.clusters).upper()
-    if not clusters or any(c not in CLUSTERS for c in clusters):
-        raise UserError(f"--clusters takes letters of {''.join(CLUSTERS)}, got {args.clusters!r}")
+    clusters = _clusters(args, "ABCD")
     if args.models:
         names = [m.strip() for m in args.models.split(",") if m.strip()]
         for m in names:
@@ -53,7 +50,7 @@ def run_reproduce(args: argparse.Namespace) -> str:
             raise UserError(f"--methods takes some of {', '.join(reproduce.METHODS)}, got {args.methods!r}")
     if args.quick:
         clusters = "C" if args.clusters is None else clusters
-    command = "python -m engine " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["bench"] else "bench reproduce"
+    command = _command("reproduce")
     if args.from_record:
         runs = reproduce.load_runs([Path(p) for p in args.from_record.split(",")])
     else:
@@ -76,12 +73,9 @@ def run_reproduce(args: argparse.Namespace) -> str:
 def run_recovery(args: argparse.Namespace) -> str:
     """Check the recovery arguments, run every cell (quick: cluster C, two models, 1000 Mbps, one device killed)."""
     from engine.bench import recovery
-    from engine.devices import CLUSTERS
     from engine.models import get_model
 
-    clusters = ("ABCD" if args.clusters is None else args.clusters).upper()
-    if not clusters or any(c not in CLUSTERS for c in clusters):
-        raise UserError(f"--clusters takes letters of {''.join(CLUSTERS)}, got {args.clusters!r}")
+    clusters = _clusters(args, "ABCD")
     if args.models:
         models = tuple(m.strip() for m in args.models.split(",") if m.strip())
         for m in models:
@@ -104,7 +98,7 @@ def run_recovery(args: argparse.Namespace) -> str:
         clusters = "C" if args.clusters is None else clusters
         bandwidths = (1000.0,) if args.bandwidths == "1000,100" else bandwidths
         scenarios = ("one",) if not args.scenarios else scenarios
-    command = "python -m engine " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["bench"] else "bench recovery"
+    command = _command("recovery")
     K = recovery.REPLICATE_EVERY if args.replicate_every is None else args.replicate_every
     if not 2 <= K <= fail_at - 2:
         raise UserError(
@@ -123,22 +117,16 @@ def run_recovery(args: argparse.Namespace) -> str:
 def run_compression(args: argparse.Namespace) -> str:
     """Check the compression arguments, train every cell and level (quick: mobilenetv2 on C at 100 Mbps)."""
     from engine.bench import compression
-    from engine.devices import CLUSTERS
 
-    clusters = ("C" if args.clusters is None else args.clusters).upper()
-    if not clusters or any(c not in CLUSTERS for c in clusters):
-        raise UserError(f"--clusters takes letters of {''.join(CLUSTERS)}, got {args.clusters!r}")
-    models = tuple(m.strip() for m in (args.models or ",".join(compression.MODELS)).split(",") if m.strip())
-    unknown = [m for m in models if m not in compression.MODELS]
-    if unknown or not models:
-        raise UserError(f"--models takes some of {', '.join(compression.MODELS)} here, got {args.models!r}")
+    clusters = _clusters(args, "C")
+    models = tuple(_models(args, compression.MODELS, compression.MODELS))
     bandwidths = _bandwidths(args.bandwidths)
     levels = compression.LEVELS
     if args.quick:
         models = ("mobilenetv2",) if not args.models else models
         bandwidths = (100.0,) if args.bandwidths == "1000,100" else bandwidths
         levels = ("off", "4")
-    command = "python -m engine " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["bench"] else "bench compression"
+    command = _command("compression")
     if args.from_record:
         runs = compression.load_runs([Path(p) for p in args.from_record.split(",")])
     else:
@@ -172,7 +160,7 @@ def run_predictor(args: argparse.Namespace) -> str:
     configs = sorted(doc["configs"])
     if args.quick:
         configs = configs[:2]
-    command = "python -m engine " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["bench"] else "bench predictor"
+    command = _command("predictor")
     results = predictor.predictor_bench(doc, configs, plans=not args.quick, progress=sys.stderr.isatty())
     if args.figure:
         for path in predictor.figure(results, Path(args.figure)):
@@ -180,23 +168,53 @@ def run_predictor(args: argparse.Namespace) -> str:
     return predictor.report(results, doc, command)
 
 
+def _models(args: argparse.Namespace, known, default) -> list[str]:
+    """`--models`: comma-separated names of `known` (default: `default`)."""
+    names = [m.strip() for m in (args.models or ",".join(default)).split(",") if m.strip()]
+    if not names or any(m not in known for m in names):
+        raise UserError(f"--models takes some of {', '.join(known)} here, got {args.models!r}")
+    return names
+
+
+def _clusters(args: argparse.Namespace, default: str) -> str:
+    """`--clusters`: letters of ABCD (default: `default`)."""
+    clusters = (default if args.clusters is None else args.clusters).upper()
+    if not clusters or any(c not in "ABCD" for c in clusters):
+        raise UserError(f"--clusters takes letters of ABCD, got {args.clusters!r}")
+    return clusters
+
+
+def _one_bandwidth(args: argparse.Namespace, name: str) -> float:
+    """`--bandwidths` for a benchmark that takes one (default 1000 Mbps)."""
+    bandwidths = _bandwidths(args.bandwidths if args.bandwidths != "1000,100" else "1000")
+    if len(bandwidths) != 1:
+        raise UserError(f"bench {name} takes one bandwidth, got {args.bandwidths!r}")
+    return bandwidths[0]
+
+
+def _iterations(args: argparse.Namespace, name: str, default: int) -> int:
+    iterations = args.iterations or default
+    if iterations < 2:
+        raise UserError(f"bench {name} needs --iterations of at least 2 (the first is left out of the throughput)")
+    return iterations
+
+
+def _command(name: str) -> str:
+    """The command line as typed, for the report."""
+    return "python -m engine " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["bench"] else f"bench {name}"
+
+
 def run_spread(args: argparse.Namespace) -> str:
     """FTPipeHD's 10x spread, every model trained with Asteroid, FTPipeHD and the even pipeline (quick: mobilenetv2)."""
     from engine.bench import spread
 
-    names = [m.strip() for m in (args.models or ",".join(spread.MODELS)).split(",") if m.strip()]
-    unknown = [m for m in names if m not in spread.MODELS]
-    if unknown or not names:
-        raise UserError(f"--models takes some of {', '.join(spread.MODELS)} here, got {args.models!r}")
+    names = _models(args, spread.MODELS, spread.MODELS)
     if args.quick and not args.models:
         names = ["mobilenetv2"]
     bandwidths = _bandwidths(args.bandwidths if args.bandwidths != "1000,100" else "1000")
-    iterations = args.iterations or spread.ITERATIONS
-    if iterations < 2:
-        raise UserError("bench spread needs --iterations of at least 2 (the first is left out of the throughput)")
-    command = "python -m engine " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["bench"] else "bench spread"
+    iterations = _iterations(args, "spread", spread.ITERATIONS)
     runs = spread.spread_bench({m: spread.MODELS[m] for m in names}, bandwidths, iterations)
-    return spread.report(runs, command, iterations)
+    return spread.report(runs, _command("spread"), iterations)
 
 
 def run_ideal(args: argparse.Namespace) -> str:
@@ -204,20 +222,9 @@ def run_ideal(args: argparse.Namespace) -> str:
     from engine.bench import ideal
     from engine.bench.reproduce import MODELS
 
-    names = [m.strip() for m in (args.models or ",".join(MODELS)).split(",") if m.strip()]
-    unknown = [m for m in names if m not in MODELS]
-    if unknown or not names:
-        raise UserError(f"--models takes some of {', '.join(MODELS)} here, got {args.models!r}")
-    clusters = (args.clusters or "BC").upper()
-    if not clusters or any(c not in "ABCD" for c in clusters):
-        raise UserError(f"--clusters takes letters of ABCD, got {args.clusters!r}")
-    bandwidths = _bandwidths(args.bandwidths if args.bandwidths != "1000,100" else "1000")
-    if len(bandwidths) != 1:
-        raise UserError(f"bench ideal takes one bandwidth, got {args.bandwidths!r}")
-    (mbps,) = bandwidths
-    command = "python -m engine " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["bench"] else "bench ideal"
+    names, clusters, mbps = _models(args, MODELS, MODELS), _clusters(args, "BC"), _one_bandwidth(args, "ideal")
     rows = ideal.ideal_bench({m: MODELS[m] for m in names}, clusters, mbps, sys.stderr.isatty())
-    return ideal.report(rows, command, mbps)
+    return ideal.report(rows, _command("ideal"), mbps)
 
 
 def run_schedule(args: argparse.Namespace) -> str:
@@ -225,21 +232,9 @@ def run_schedule(args: argparse.Namespace) -> str:
     at 1000 Mbps; --quick: simulated only)."""
     from engine.bench import schedules
 
-    names = [m.strip() for m in (args.models or ",".join(schedules.DEFAULT_MODELS)).split(",") if m.strip()]
-    unknown = [m for m in names if m not in schedules.MODELS]
-    if unknown or not names:
-        raise UserError(f"--models takes some of {', '.join(schedules.MODELS)} here, got {args.models!r}")
-    clusters = (args.clusters or "BC").upper()
-    if not clusters or any(c not in "ABCD" for c in clusters):
-        raise UserError(f"--clusters takes letters of ABCD, got {args.clusters!r}")
-    bandwidths = _bandwidths(args.bandwidths if args.bandwidths != "1000,100" else "1000")
-    if len(bandwidths) != 1:
-        raise UserError(f"bench schedule takes one bandwidth, got {args.bandwidths!r}")
-    iterations = args.iterations or schedules.ITERATIONS
-    if iterations < 2:
-        raise UserError("bench schedule needs --iterations of at least 2 (the first is left out of the throughput)")
-    (mbps,) = bandwidths
-    command = "python -m engine " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["bench"] else "bench schedule"
+    names = _models(args, schedules.MODELS, schedules.DEFAULT_MODELS)
+    clusters, mbps = _clusters(args, "BC"), _one_bandwidth(args, "schedule")
+    iterations = _iterations(args, "schedule", schedules.ITERATIONS)
     models = {m: schedules.MODELS[m] for m in names}
     rows = schedules.schedule_bench(models, clusters, mbps, iterations, not args.quick, sys.stderr.isatty())
-    return schedules.report(rows, command, mbps, iterations)
+    return schedules.report(rows, _command("schedule"), mbps, iterations)
