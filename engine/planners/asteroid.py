@@ -231,7 +231,9 @@ def _rank(problem: Problem, searches: list[_Search], best: Plan, exact: bool, pr
     simulated time / RANK_RATIO; the RANK_KEEP fastest of each micro-batch count that fit; searched for up to
     RANK_SEARCH_LIMIT) and, on a cluster small enough for the exact search and a model of at most
     RIVALS_MAX_LAYERS, GPipe's and FTPipeHD's plans (inside this planner's space), the one the event-driven
-    simulator runs fastest; `best` on a tie (and, past those limits, `best` itself, simulated).
+    simulator runs fastest; `best` on a tie (and, past those limits, `best` itself, simulated). Each candidate
+    is simulated under every schedule the problem allows (engine.schedule; the fastest that fits), and, within
+    the same limits, the winner is refined by single moves (engine.planners.refine).
 
     The closed form charges every send as if it held its device up and every stage's whole time to the fill
     and drain, so it over-predicts, most where sends are long or the slowest stage comes early (the simulator
@@ -263,7 +265,7 @@ def _rank(problem: Problem, searches: list[_Search], best: Plan, exact: bool, pr
                 ranked.append(replace(other, method="asteroid"))
     tried = (scheduled(p, problem.workload, problem.schedules) for p in ranked)
     chosen = min(tried, key=lambda p: (not p.predicted.fits, p.predicted.simulated_s))
-    if not (problem.refine and chosen.predicted.fits):
+    if not (problem.refine and chosen.predicted.fits and near):  # refined where ranked: small enough to simulate
         return chosen
     return scheduled(refine(chosen, problem.workload), problem.workload, problem.schedules)
 
