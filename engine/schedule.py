@@ -19,6 +19,7 @@ it to fill the warm-up bubble too. The first stage sends no gradient back, so it
 
 from __future__ import annotations
 
+import heapq
 from typing import NamedTuple
 
 # The schedules a plan may run; "1f1b" runs each backward whole, the others split it into B and W.
@@ -114,15 +115,12 @@ def _replay(times: list[StageTimes], M: int, warm: list[int], cap: list[int]) ->
     inputs = [[0.0] * M if s == 0 else [None] * M for s in range(S)]  # when each micro-batch's input arrives
     grads: list[list[float | None]] = [[None] * M for _ in range(S)]  # ... and its output gradient
     lists: dict[int, list[Action]] = {s: [] for s in range(S)}
-    waiting = [False] * S  # nothing the stage can run has arrived yet
-    while True:
-        open_ = [s for s in range(S) if not waiting[s] and len(lists[s]) < 3 * M]
-        if not open_:
-            if all(len(lists[s]) == 3 * M for s in range(S)):
-                return max(clock), lists
-            raise RuntimeError("zero_bubble: no stage can move (a dependency is never met)")
-        s = min(open_, key=lambda k: (clock[k], k))
-        t, n, st = clock[s], done[s], times[s]
+    ready = [(0.0, s) for s in range(S)]  # (clock, stage) of the stages that may move, earliest first
+    queued = [True] * S  # in `ready`; a stage that is not waits for something to arrive
+    while ready:
+        t, s = heapq.heappop(ready)
+        queued[s] = False
+        n, st = done[s], times[s]
         nxt = order[s][pos[s]] if pos[s] < len(order[s]) else None
         at, capped = None, False
         if nxt is not None:
@@ -134,24 +132,34 @@ def _replay(times: list[StageTimes], M: int, warm: list[int], cap: list[int]) ->
         elif n["W"] < n["B"] and (capped or at is None or t + st.weight <= at):
             kind, length = "W", st.weight
         else:
-            if at is not None:
+            if at is not None:  # wait for what is on its way; else for a message not yet sent
                 clock[s] = max(t, at)
-            else:
-                waiting[s] = True
+                heapq.heappush(ready, (clock[s], s))
+                queued[s] = True
             continue
         mb = n[kind]
         lists[s].append(Action(s, kind, mb))
         n[kind] += 1
         clock[s] = end = t + length
+        if len(lists[s]) < 3 * M:
+            heapq.heappush(ready, (end, s))
+            queued[s] = True
+        woken = None
         if kind == "F":
             if s + 1 < S:
                 inputs[s + 1][mb] = end + st.send_forward
-                waiting[s + 1] = False
+                woken = s + 1
             else:
                 grads[s][mb] = end  # the last stage's loss gradient is its own
         elif kind == "B" and s > 0:
             grads[s - 1][mb] = end + st.send_backward
-            waiting[s - 1] = False
+            woken = s - 1
+        if woken is not None and not queued[woken] and len(lists[woken]) < 3 * M:
+            heapq.heappush(ready, (clock[woken], woken))
+            queued[woken] = True
+    if any(len(lists[s]) < 3 * M for s in range(S)):
+        raise RuntimeError("zero_bubble: no stage can move (a dependency is never met)")
+    return max(clock), lists
 
 
 def _forward_backward_order(M: int, warm: int) -> list[tuple[str, int]]:

@@ -48,7 +48,8 @@ class Simulation:
         return doc
 
 
-def simulate(plan: Plan, w: Workload, replicate: bool = False) -> Simulation:
+def simulate(plan: Plan, w: Workload, replicate: bool = False, timeline: bool = True) -> Simulation:
+    """One iteration of `plan`; `timeline` False leaves the events out (the planners need only the times)."""
     prediction = score(plan, w)  # validates the plan and gives memory and the closed form
     S = len(plan.stages)
     steps = device_steps(plan, w)
@@ -92,12 +93,14 @@ def simulate(plan: Plan, w: Workload, replicate: bool = False) -> Simulation:
                     ready = own_forward_end[(name, act.micro_batch)]
                 start = max(clock[name], ready)
                 end = start + d[act.kind]
-                events.append(StepEvent(name, d["stage"], act.micro_batch, act.kind, start, end))
+                if timeline:
+                    events.append(StepEvent(name, d["stage"], act.micro_batch, act.kind, start, end))
                 if act.kind == "F":
                     own_forward_end[(name, act.micro_batch)] = end
                 t = max(end, link[name])
                 for peer, dur in d["send_" + act.kind]:
-                    events.append(StepEvent(name, d["stage"], act.micro_batch, "send", t, t + dur, peer))
+                    if timeline:
+                        events.append(StepEvent(name, d["stage"], act.micro_batch, "send", t, t + dur, peer))
                     t += dur
                     arrivals.setdefault((peer, act.kind, act.micro_batch), []).append(t)
                 link[name] = t
@@ -132,7 +135,7 @@ def simulate(plan: Plan, w: Workload, replicate: bool = False) -> Simulation:
             events.append(StepEvent(first, s, -1, "send", total, total + seconds, "replica"))
             clock[first] = total + seconds
         total = max(clock.values())
-    events.sort(key=lambda e: (e.start, e.device))
+    events = sorted(events, key=lambda e: (e.start, e.device)) if timeline else []
     return Simulation(
         iteration_s=total,
         throughput=plan.batch_size / total,

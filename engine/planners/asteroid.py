@@ -44,7 +44,15 @@ import numpy as np
 from engine.costmodel import allocate, allreduce_s, stage_terms
 from engine.plan import Plan, Share, Stage
 from engine.planners import baselines, kernel, stagecosts
-from engine.planners.common import NoFeasiblePlan, Problem, device_classes, finish, scheduled, simulated
+from engine.planners.common import (
+    NoFeasiblePlan,
+    Problem,
+    device_classes,
+    fastest_scheduled,
+    finish,
+    scheduled,
+    simulated,
+)
 from engine.planners.refine import refine
 from engine.progress import Progress
 
@@ -263,8 +271,7 @@ def _rank(problem: Problem, searches: list[_Search], best: Plan, exact: bool, pr
                 continue
             if other.predicted.fits and (other.micro_batches, other.stages) not in found:
                 ranked.append(replace(other, method="asteroid"))
-    tried = (scheduled(p, problem.workload, problem.schedules) for p in ranked)
-    chosen = min(tried, key=lambda p: (not p.predicted.fits, p.predicted.simulated_s))
+    chosen = fastest_scheduled(ranked, problem.workload, problem.schedules)
     if not (problem.refine and chosen.predicted.fits and near):  # refined where ranked: small enough to simulate
         return chosen
     return scheduled(refine(chosen, problem.workload), problem.workload, problem.schedules)

@@ -11,6 +11,7 @@ from engine.errors import UserError
 from engine.plan import ALLREDUCE, LEVELS, OFF, Plan, Stage
 from engine.schedule import SCHEDULES
 from engine.simulator import simulate
+from engine.steps import device_steps
 
 # More micro-batches shrink the bubble but cost per-layer overhead; 64 covers every useful split here.
 MAX_MICRO_BATCHES = 64
@@ -87,7 +88,7 @@ def finish(problem: Problem, method: str, micro_batches: int, stages: list[Stage
 
 def simulated(plan: Plan, w: Workload) -> Plan:
     """The plan with its prediction's `simulated_s`: one event-driven iteration (engine.simulator)."""
-    return plan.with_prediction(replace(plan.predicted, simulated_s=simulate(plan, w).iteration_s))
+    return plan.with_prediction(replace(plan.predicted, simulated_s=simulate(plan, w, timeline=False).iteration_s))
 
 
 def scheduled(plan: Plan, w: Workload, names: Iterable[str]) -> Plan:
@@ -99,6 +100,30 @@ def scheduled(plan: Plan, w: Workload, names: Iterable[str]) -> Plan:
         p = p if p.predicted is not None else p.with_prediction(score(p, w))
         tried.append(p if p.predicted.simulated_s is not None else simulated(p, w))
     return min(tried, key=lambda p: (not p.predicted.fits, p.predicted.simulated_s))
+
+
+def fastest_scheduled(plans: Iterable[Plan], w: Workload, names: Iterable[str]) -> Plan:
+    """Of `plans`, each under its fastest schedule (`scheduled`), the fastest that fits. A plan whose busiest
+    device's compute alone (M x its forward and backward: no schedule is faster) is not below the best found
+    yet is not simulated; the plans are taken in order of that bound, so the rest are skipped at once."""
+    names = tuple(names)
+    bounded = sorted(((busy_bound(p, w), k, p) for k, p in enumerate(plans)), key=lambda x: (x[0], x[1]))
+    best = None
+    for bound, _, p in bounded:
+        if best is not None and best.predicted.fits and bound >= best.predicted.simulated_s:
+            break
+        p = scheduled(p, w, names)
+        if best is None or (not p.predicted.fits, p.predicted.simulated_s) < (
+            not best.predicted.fits,
+            best.predicted.simulated_s,
+        ):
+            best = p
+    return best
+
+
+def busy_bound(plan: Plan, w: Workload) -> float:
+    """A lower bound on the plan's iteration under any schedule: its busiest device's forward and backward."""
+    return plan.micro_batches * max(d.forward_s + d.backward_s for d in device_steps(plan, w).values())
 
 
 def best_plan(plans: Iterable[Plan | None]) -> Plan | None:

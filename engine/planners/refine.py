@@ -36,7 +36,7 @@ def refine(plan: Plan, w: Workload, budget: int = MAX_SIMULATIONS) -> Plan:
             if not prediction.fits:
                 continue
             spent += 1
-            sim = simulate(candidate, w).iteration_s
+            sim = simulate(candidate, w, timeline=False).iteration_s
             if sim < best.predicted.simulated_s * (1 - GAIN) and (found is None or sim < found[0]):
                 found = (sim, candidate.with_prediction(replace(prediction, simulated_s=sim)))
         if found is None:
@@ -49,7 +49,7 @@ def _simulated(plan: Plan, w: Workload) -> Plan:
     if plan.predicted is not None and plan.predicted.simulated_s is not None:
         return plan
     prediction = plan.predicted or score(plan, w)
-    return plan.with_prediction(replace(prediction, simulated_s=simulate(plan, w).iteration_s))
+    return plan.with_prediction(replace(prediction, simulated_s=simulate(plan, w, timeline=False).iteration_s))
 
 
 def moves(stages: tuple[Stage, ...]) -> Iterator[tuple[Stage, ...]]:
