@@ -353,3 +353,21 @@ def test_compression_levels_in_plan_json_are_checked():
         doc["compression"] = bad
         with pytest.raises(UserError, match="compression"):
             Plan.from_dict(doc).validate(problem.workload.num_layers)
+
+
+def test_the_fastest_schedule_of_several_plans_skips_only_plans_that_cannot_win():
+    from engine.planners.common import busy_bound, fastest_scheduled, scheduled
+    from engine.schedule import SCHEDULES
+
+    for seed in range(12):
+        problem, plans = solved_instance(seed)
+        candidates = [p for p in plans.values() if p is not None and p.predicted.fits]
+        if len(candidates) < 2:
+            continue
+        w = problem.workload
+        every = [scheduled(p, w, SCHEDULES) for p in candidates]  # each plan under its own fastest schedule
+        want = min(p.predicted.simulated_s for p in every if p.predicted.fits)
+        got = fastest_scheduled(candidates, w, SCHEDULES)
+        assert got.predicted.fits and got.predicted.simulated_s == want, seed
+        for p in every:  # the bound holds under every schedule
+            assert busy_bound(p, w) <= p.predicted.simulated_s * (1 + 1e-12)
