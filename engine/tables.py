@@ -69,8 +69,13 @@ def plan_table(plan: Plan) -> str:
         out += [
             "",
             f"predicted: {p.expected_throughput:.1f} samples/s, iteration {p.expected_s:.3f} s"
-            + (f" (simulated; closed form {p.iteration_s:.3f} s)" if p.simulated_s is not None else "")
-            + f", bubble {100 * p.bubble_fraction:.1f}%, {'fits in memory' if p.fits else 'DOES NOT FIT in memory'}",
+            + (
+                f" (simulated; the 1F1B closed form says {p.iteration_s:.3f} s with a "
+                f"{100 * p.bubble_fraction:.1f}% bubble)"
+                if p.simulated_s is not None
+                else f", bubble {100 * p.bubble_fraction:.1f}%"
+            )
+            + f", {'fits in memory' if p.fits else 'DOES NOT FIT in memory'}",
         ]
     return "\n".join(out)
 
