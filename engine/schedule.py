@@ -12,9 +12,10 @@ Every device of a stage runs its stage's list on its own share of each micro-bat
 Zero-bubble schedules (Qi et al., ICLR'24) split each backward in two: B, the input gradient the previous
 stage waits for, and W, the weight gradient, needed only before the optimizer step. W steps then fill the
 bubbles. Asteroid's stages are unequal, so the lists are built from the plan's own step times (`zero_bubble`):
-a stage runs a backward as soon as its gradient is in, else a forward while it holds fewer than its cap of
-micro-batches, else a deferred W. ZB-H1 keeps 1F1B's cap (the same activation memory); ZB-H2 about doubles
-it to fill the warm-up bubble too. The first stage sends no gradient back, so its whole backward is W.
+forwards and backwards keep 1F1B's order after a warm-up, and a replay of the pipeline puts each W where its
+stage would otherwise wait, or where its cap of micro-batches held demands it. ZB-H1 keeps 1F1B's warm-up and
+cap (the same activation memory); ZB-H2 about doubles both, to fill the warm-up bubble and to defer W into the
+drain. The first stage sends no gradient back, so its whole backward is W.
 """
 
 from __future__ import annotations
