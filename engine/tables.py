@@ -107,7 +107,8 @@ def comparison_table(results: dict[str, Plan | str], ideal: float) -> str:
 
 
 def simulation_table(plan: Plan, sim: Simulation) -> str:
-    """Per device: busy time by kind; then the totals."""
+    """Per device: busy time by kind, and the share of the iteration it neither computes nor all-reduces (its
+    sends go out on its link meanwhile); then the totals."""
     busy: dict[str, dict[str, float]] = {}
     for e in sim.events:
         busy.setdefault(e.device, {}).setdefault(e.kind, 0.0)
@@ -116,7 +117,7 @@ def simulation_table(plan: Plan, sim: Simulation) -> str:
     for k, st in enumerate(plan.stages):
         for share in st.devices:
             b = busy.get(share.name, {})
-            total = sum(b.values())
+            total = sum(b.get(kind, 0.0) for kind in ("F", "B", "W", "all-reduce"))  # sends overlap compute
             rows.append(
                 [
                     str(k),
