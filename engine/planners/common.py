@@ -127,8 +127,9 @@ def busy_bound(plan: Plan, w: Workload) -> float:
 
 
 def best_plan(plans: Iterable[Plan | None]) -> Plan | None:
-    """Fastest plan that fits; if none fits, the fastest of the rest (reported as not fitting)."""
+    """Fastest plan that fits; if none fits, the fastest of the rest (reported as not fitting). Fastest by the
+    prediction's `expected_s`: simulated where the plans were (what make_plan returns), else the closed form."""
     found = [p for p in plans if p is not None]
     if not found:
         return None
-    return min(found, key=lambda p: (not p.predicted.fits, p.predicted.iteration_s))
+    return min(found, key=lambda p: (not p.predicted.fits, p.predicted.expected_s))

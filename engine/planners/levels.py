@@ -4,8 +4,9 @@
 
 A fixed level compresses every boundary at it (the planner's cost model knows the smaller bytes and the codec
 time, so the plan's shape may change). `auto` plans once per level (uncompressed included), keeps the fastest
-plan, then sets each boundary in turn to the level that minimises the predicted iteration time, until no
-boundary changes: the level per boundary, within the allowed ones, that the cost model prefers.
+plan, then sets each boundary in turn to the level that minimises the simulated iteration (the time the
+planners choose by), until no boundary changes: the level per boundary, within the allowed ones, that runs
+fastest.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from engine.costmodel import score
 from engine.plan import OFF, Plan
 from engine.planners import make_plan
 from engine.planners.common import NoFeasiblePlan, Problem, best_plan, simulated
+from engine.simulator import simulate
 
 
 def plan_compressed(
@@ -42,9 +44,9 @@ def plan_compressed(
 
 
 def refine(plan: Plan, problem: Problem, choices: tuple[int, ...]) -> Plan:
-    """Coordinate descent over the boundaries' levels with the plan's shape fixed."""
+    """Coordinate descent over the boundaries' levels with the plan's shape (and schedule) fixed, by simulation."""
     levels = [plan.level(b) for b in range(len(plan.stages) - 1)]
-    best_t = plan.predicted.iteration_s
+    best_t = plan.predicted.expected_s
     changed = True
     while changed:
         changed = False
@@ -53,7 +55,7 @@ def refine(plan: Plan, problem: Problem, choices: tuple[int, ...]) -> Plan:
                 if level == levels[b]:
                     continue
                 trial = levels[:b] + [level] + levels[b + 1 :]
-                t = score(plan.with_compression(tuple(trial)), problem.workload).iteration_s
+                t = simulate(plan.with_compression(tuple(trial)), problem.workload, timeline=False).iteration_s
                 if t < best_t * (1 - 1e-12):
                     levels, best_t, changed = trial, t, True
     final = plan.with_compression(tuple(levels))

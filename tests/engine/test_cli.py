@@ -198,7 +198,7 @@ def test_plan_with_compression_records_the_level_per_boundary_and_simulates(caps
     off = plan_json(capsys, "--bandwidth-mbps", "100")
     auto = plan_json(capsys, "--bandwidth-mbps", "100", "--compression", "auto")
     assert "compression" not in off
-    assert auto["predicted"]["throughput"] >= off["predicted"]["throughput"] * (1 - 1e-9)
+    assert auto["predicted"]["simulated_s"] <= off["predicted"]["simulated_s"] * (1 + 1e-9)  # what both are chosen by
     assert len(auto["stages"]) > 1  # compressed links make a pipeline worth it on C at 100 Mbps
     assert len(auto["compression"]) == len(auto["stages"]) - 1
     assert all(b in ("off", 8, 4, 2) for b in auto["compression"])
