@@ -69,6 +69,7 @@ class Runner:
         self.address = ""  # this board's address on its route to the site: its data plane binds there (agent's hello)
         self.clock = None  # this board's clock against the site's (workers.clock.ClockSync; the connection sets it)
         self._lock = threading.Lock()
+        self._next: dict | None = None  # a coordinated `start` of the next job, held while this one winds down
         self._clear()
 
     def _clear(self) -> None:
@@ -79,6 +80,7 @@ class Runner:
         self._procs = None
         self._thread: threading.Thread | None = None
         self._stop_reason: str | None = None  # set when the agent ends the run (cancel, shutdown)
+        self._winding_down = False  # its process reported `device-done`: it is uploading its part and exiting
         self._store_relay: Relay | None = None  # the run's authenticated path to its store (coordinated runs)
 
     @property
@@ -104,9 +106,9 @@ class Runner:
         with self._lock:
             if self._job is not None and self._job == job:  # the site asked again (our reply was lost in a reconnect)
                 return {"type": "accepted", "job": job, "port": self._port}
-            ending = self._thread if self._job is not None and self._stop_reason is not None else None
-        if ending is not None:  # a job the site cancelled a moment ago and already freed this device of: its
-            ending.join(KILL_AFTER_S + 5)  # process is on its way out (KILL_AFTER_S at most)
+            ending = self._thread if self._job is not None and self._ending() else None
+        if ending is not None:  # a job the site finished or cancelled a moment ago and already freed this device
+            ending.join(KILL_AFTER_S + 5)  # of: its process is on its way out (KILL_AFTER_S at most)
         with self._lock:
             if self._job is not None:
                 raise UserError(f"this device is busy with job {self._job}")
@@ -147,6 +149,12 @@ class Runner:
             return
         spawned = _coordinated_config(msg, host, port) if coordinated else None
         with self._lock:
+            if coordinated and self._job not in (None, job) and self._ending():
+                # the site freed this device when its last job ended; the process is still uploading its part or
+                # exiting: start this one the moment it is gone (_finish), rather than refuse a device that is free
+                log.info("job %s: starting once job %s's device process has exited", job, self._job)
+                self._next = msg
+                return
             if coordinated and self._job not in (None, job):
                 raise UserError(f"this device is busy with job {self._job}")
             if coordinated and self._thread is None:
@@ -170,6 +178,10 @@ class Runner:
                 target=self._supervise, args=(job, cfg), name=f"device-job-{job}", daemon=True
             )
             self._thread.start()
+
+    def _ending(self) -> bool:
+        """Whether the current run is over but for its process exiting (it finished, or the agent stopped it)."""
+        return self._winding_down or self._stop_reason is not None
 
     def kill(self, job) -> None:
         """SIGKILL `job`'s device process (fault injection by the site's staff): it is reported as died."""
@@ -204,6 +216,8 @@ class Runner:
 
     def _stop(self, job, reason: str) -> None:
         with self._lock:
+            if self._next is not None and self._next.get("job") == job:
+                self._next = None  # a held start of the job stopped: it never runs here
             if job != self._job or self._thread is None:
                 # not running: nothing to kill, but the site still hears that the job is over here
                 name = self._name if job == self._job else self.device
@@ -277,7 +291,7 @@ class Runner:
             else:
                 log.warning("job %s: device %s failed: %s", job, ev.get("device"), ev.get("message"))
         elif kind == "device-done":
-            seen.done = True
+            seen.done = self._winding_down = True
             ev["part"] = self._upload(job, ev)
         elif kind == "iteration" and not math.isfinite(ev.get("loss") or 0.0):
             ev["loss"] = None  # a diverged run's NaN or infinite loss: JSON has no such number
@@ -317,6 +331,13 @@ class Runner:
             if self._store_relay is not None:
                 self._store_relay.stop()
             self._clear()
+            held, self._next = self._next, None
+        if held is not None:  # the next job's start, held while this run wound down
+            try:
+                self.start(held)
+            except UserError as exc:
+                log.warning("cannot start job %s: %s", held.get("job"), exc)
+                self.refuse(held.get("job"), str(exc), own=False)
 
 
 class _Seen:

@@ -46,7 +46,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         method = doc["method"] if doc["method"] in PLANNERS else "asteroid"
         options = RunOptions.from_dict(doc["options"])
         allowed = parse_compression(options.compression or "off")
-        problem = Problem(w, cluster, doc["batch_size"], allreduce=doc.get("allreduce", "off"))
+        problem = Problem(w, cluster, doc["batch_size"], allreduce=doc.get("allreduce", "off"),
+                          schedule=options.schedule)  # fmt: skip
         plan = fitting_plan(method, problem, allowed)
         args.iterations, args.replicate_every = options.iterations, doc["replicate_every"]
         args.run_dir = args.resume
@@ -89,6 +90,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             eval_every=args.eval_every,
             eval_samples=args.eval_samples,
             compression=None if args.plan else compression_text(*args.compression),  # a plan file: its own levels
+            schedule=args.schedule,  # what a re-plan may use (a plan file's own is kept until one)
         )
     else:
         options = replace(options, save_model=bool(args.save))

@@ -143,7 +143,8 @@ class Membership:
             method = self.plan.method if self.plan.method in COMPARED else "asteroid"  # hand-made or exhaustive
             # the run's compression: what the user allowed, else its first plan's levels
             levels, auto = parse_compression(self.opts.compression or plan_compression(self.plan.compression))
-            problem = Problem(self._planning_workload(), cluster, self.plan.batch_size, allreduce=self.plan.allreduce)
+            problem = Problem(self._planning_workload(), cluster, self.plan.batch_size, allreduce=self.plan.allreduce,
+                              schedule=self.opts.schedule)  # fmt: skip
             plan = plan_compressed(method, problem, levels, auto)
         except NoFeasiblePlan:
             plan = None

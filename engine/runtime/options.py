@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from engine.errors import UserError
+from engine.schedule import SCHEDULES
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,8 @@ class RunOptions:
     eval_samples: int = 512  # at most this many held-out samples, in whole batches
     # the levels a re-plan may put on stage boundaries, as `--compression` takes them (None: the first plan's)
     compression: str | None = None
+    # the pipeline schedule a re-plan may use: "auto" (the planner simulates each) or one of engine.schedule's
+    schedule: str = "auto"
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -62,6 +65,8 @@ class RunOptions:
             from engine.compression import parse_compression  # torch: only when it is needed
 
             parse_compression(self.compression)
+        if self.schedule not in ("auto", *SCHEDULES):
+            raise UserError(f"schedule must be auto, {', '.join(SCHEDULES)}; got {self.schedule!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -95,6 +100,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "eval_every": (int,),
     "eval_samples": (int,),
     "compression": (str, type(None)),
+    "schedule": (str,),
 }
 
 

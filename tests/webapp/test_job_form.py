@@ -85,6 +85,15 @@ def test_compression_is_off_unless_asked_for(cluster_c, given, expected):
     assert form.cleaned_data["compression"] == expected
 
 
+@pytest.mark.parametrize("given, expected", [({}, "auto"), ({"schedule": "zb-h1"}, "zb-h1")])
+def test_the_schedule_is_auto_unless_one_is_asked_for(cluster_c, given, expected):
+    form = JobForm({**BODY, "model": "mobilenetv2", "dataset": "digits", "iterations": 20, **given})
+    assert form.is_valid(), form.errors
+    assert form.cleaned_data["schedule"] == expected
+    bad = {**BODY, "model": "mobilenetv2", "dataset": "digits", "iterations": 20, "schedule": "gpipe"}
+    assert list(JobForm(bad).errors) == ["schedule"]
+
+
 def test_an_unknown_compression_level_is_a_form_error(cluster_c):
     form = JobForm({**BODY, "model": "mobilenetv2", "dataset": "digits", "iterations": 20, "compression": "3"})
     assert list(form.errors) == ["compression"]

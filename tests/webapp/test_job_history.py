@@ -75,13 +75,14 @@ def test_run_again_makes_a_new_job_of_the_same_settings(
     client, bob, cluster_c, profile_cache, django_capture_on_commit_callbacks
 ):
     old = finished(bob, dataset="digits", batch_size=32, iterations=7, lr=0.02, bandwidth_mbps=200.0,
-                   compression="4", requested_devices=["nx-0", "tx2-0"])  # fmt: skip
+                   compression="4", schedule="zb-h2", requested_devices=["nx-0", "tx2-0"])  # fmt: skip
     client.force_login(bob)
     with django_capture_on_commit_callbacks(execute=True):
         response = client.post(f"/jobs/{old.pk}/again/")
     new = Job.objects.exclude(pk=old.pk).get()
     assert response.status_code == 302 and response["Location"] == f"/jobs/{new.pk}/"
-    same = ("model", "dataset", "batch_size", "iterations", "lr", "bandwidth_mbps", "compression", "requested_devices")
+    same = ("model", "dataset", "batch_size", "iterations", "lr", "bandwidth_mbps", "compression", "schedule",
+            "requested_devices")  # fmt: skip
     assert all(getattr(new, k) == getattr(old, k) for k in same), [(k, getattr(new, k)) for k in same]
     assert new.owner == bob and new.status == "planned" and new.device_names  # planned afresh
 

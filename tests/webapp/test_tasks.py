@@ -52,6 +52,18 @@ def test_planning_runs_once(bob, cluster_c, profile_cache):
     assert job.status == "planned" and job.progress == 1.0 and job.message.startswith("planned: ")
 
 
+def test_a_job_held_to_a_schedule_is_planned_and_run_under_it(bob, cluster_c, profile_cache):
+    from webapp.jobs.coordinating import run_options
+
+    job = Job.objects.create(owner=bob, model="mobilenetv2", batch_size=64, iterations=2, schedule="zb-h1")
+    assert plan_job(job.pk) == "planned"
+    job.refresh_from_db()
+    assert len(job.plan["stages"]) > 1 and job.plan["schedule"] == "zb-h1"
+    assert all(p.get("schedule") == "zb-h1" for p in job.comparison.values() if "error" not in p)
+    assert run_options(job).schedule == "zb-h1"  # what the coordinator re-plans under after a loss
+    assert job.to_dict()["schedule"] == "zb-h1"
+
+
 def test_a_compressed_job_is_planned_at_its_level(bob, cluster_c, profile_cache):
     job = Job.objects.create(
         owner=bob, model="mobilenetv2", batch_size=64, iterations=2, bandwidth_mbps=1000, compression="4"

@@ -350,6 +350,33 @@ def test_a_coordinated_start_needs_no_assign_and_a_killed_process_is_reported_as
     assert not site.events("nano-1", "device-error", job)  # neither the refusal nor the loss is its own error
 
 
+def test_a_coordinated_start_right_after_a_job_ended_waits_for_its_process_and_runs(site, agents):
+    """The site frees a device when its job ends (finished or cancelled) and its next job's coordinator may
+    start it before the old process has exited: the start is held until then, not refused as busy (a CI run lost
+    three jobs of a lab to "this device is busy with job 2")."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from engine.runtime.control import key
+
+    old, pid = start_solo(site, "nano-1", iterations=1000)
+    store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=20), wait_for_workers=False)
+    new = next(jobs)
+    site.send("nano-1", {"type": "cancel", "job": old})
+    site.send("nano-1", {"type": "start", "job": new, "coordinated": True, "name": "nano-1", "host": "127.0.0.1",
+                         "port": store.port, "generation": 0, "plan": solo_plan("nano-1").to_dict(),
+                         "options": OPTIONS, "predicted_iteration_s": 0.05})  # fmt: skip
+    beats = key("hb", "nano-1")
+    site.wait(lambda: store.check([beats]) and store.add(beats, 0) > 0, START_S, "the new job's heartbeats")
+    assert not alive(pid)
+    (stopped,) = site.events("nano-1", "job-stopped", old)
+    assert stopped["reason"] == "cancelled"
+    assert not site.events("nano-1", "job-stopped", new)  # not refused as busy
+    site.send("nano-1", {"type": "kill", "job": new})
+    site.wait(lambda: site.events("nano-1", "job-stopped", new), 10, "the new job's end")
+
+
 # -- the clock probes ---------------------------------------------------------------------------------
 
 

@@ -279,6 +279,7 @@ def run_options(job: Job):
         timeout_s=settings.ASTEROID_RUN_TIMEOUT_S,
         save_model=True,
         eval_every=job.eval_every,
+        schedule=job.schedule,
     )
 
 

@@ -8,12 +8,18 @@ from engine.data import PATH_DATASETS, dataset_names, train_size
 from engine.errors import UserError
 from engine.models import get_model, model_names
 from engine.runtime.options import RunOptions
+from engine.schedule import SCHEDULES
 from webapp.devices.models import Device
 from webapp.lib.fields import number, whole_number
 
 MAX_BATCH = 4096
 MAX_ITERATIONS = 100_000
 MAX_EPOCHS = 1000  # bounded so that epochs -> iterations stays a finite number (the iteration cap applies after)
+SCHEDULE_LABELS = {
+    "1f1b": "1F1B",
+    "zb-h1": "ZB-H1 (zero bubble, 1F1B's memory)",
+    "zb-h2": "ZB-H2 (zero bubble, more activations held)",
+}
 EVAL_SAMPLES = RunOptions().eval_samples  # what a job's evaluation scores at most, in whole batches
 
 
@@ -45,6 +51,13 @@ class JobForm(forms.Form):
         required=False,
         help_text="Bits per value of the activations and gradients sent between stages.",
     )
+    schedule = forms.ChoiceField(
+        choices=[("auto", "auto (the fastest simulated that fits)")] + [(s, SCHEDULE_LABELS[s]) for s in SCHEDULES],
+        initial="auto",
+        required=False,
+        help_text="How each stage orders its forward and backward steps; zero-bubble schedules split the backward "
+        "to fill the pipeline's idle time.",
+    )
     devices = forms.MultipleChoiceField(
         choices=[], required=False, widget=forms.CheckboxSelectMultiple, help_text="None ticked: every online device."
     )
@@ -63,6 +76,9 @@ class JobForm(forms.Form):
 
     def clean_compression(self):
         return self.cleaned_data["compression"] or "off"  # left out (an API request): off
+
+    def clean_schedule(self):
+        return self.cleaned_data["schedule"] or "auto"  # left out (an API request): auto
 
     def clean(self):
         data = super().clean()

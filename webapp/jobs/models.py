@@ -48,6 +48,7 @@ class Job(models.Model):
     bandwidth_mbps = models.FloatField(default=1000.0)
     eval_every = models.PositiveIntegerField(default=0)  # score the held-out split every N iterations (0: never)
     compression = models.CharField(max_length=16, default="off")  # between stages: off, 8, 4, 2 or auto
+    schedule = models.CharField(max_length=8, default="auto")  # the pipeline schedule: auto or engine.schedule's
     requested_devices = models.JSONField(default=list, blank=True, help_text="Names; empty: every online device.")
     # Where it stands.
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED, db_index=True)
@@ -151,6 +152,7 @@ class Job(models.Model):
             "bandwidth_mbps": self.bandwidth_mbps,
             "eval_every": self.eval_every,
             "compression": self.compression,
+            "schedule": self.schedule,
             "devices": self.device_names or self.requested_devices,
             "status": self.status,
             "progress": self.progress,

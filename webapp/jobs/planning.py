@@ -40,9 +40,10 @@ def plan_all(
     bandwidth_mbps: float,
     progress: Progress,
     compression: str = "off",
+    schedule: str = "auto",
 ) -> dict:
-    """Every compared method's plan (or why it has none) for the devices at the `compression` levels (the CLI's
-    `--compression`); Asteroid's must exist and fit.
+    """Every compared method's plan (or why it has none) for the devices at the `compression` levels and under
+    the `schedule` (the CLI's `--compression` and `--schedule`); Asteroid's must exist and fit.
     Returns {"plan": ..., "comparison": {method: plan or {"error"}}, "simulation": [step, ...]}."""
     from engine.simulator import simulate
     from engine.workloads import workload
@@ -51,7 +52,7 @@ def plan_all(
     cluster = Cluster(devices, bandwidth_mbps=bandwidth_mbps, name="")  # messages say "the N devices given"
     progress(0.0, f"profiling {model} (cached after the first job)")
     w = workload(model, cluster=cluster)
-    problem = Problem(w, cluster, batch_size)
+    problem = Problem(w, cluster, batch_size, schedule=schedule)
     comparison: dict[str, Plan | str] = {}  # each method's plan, or why it has none
     for k, method in enumerate(COMPARED):
         progress(k / len(COMPARED), f"planning with {method}")

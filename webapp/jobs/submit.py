@@ -8,7 +8,8 @@ from django.http import Http404
 from webapp.jobs.models import Job
 
 # What a user asks for (the job form's fields, devices apart), kept on the job.
-REQUEST = ("model", "dataset", "batch_size", "iterations", "lr", "bandwidth_mbps", "eval_every", "compression")
+REQUEST = ("model", "dataset", "batch_size", "iterations", "lr", "bandwidth_mbps", "eval_every", "compression",
+           "schedule")  # fmt: skip
 
 
 def visible_jobs(user):

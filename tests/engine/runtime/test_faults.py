@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -61,6 +62,18 @@ def test_a_device_of_a_multi_device_stage_lost_mid_backward(reference):
     assert rec["iterations_lost"] == 0 and rec["real_s"] > 0 and "tx2-1 lost during iteration 4" in rec["summary"]
     assert "tx2-1" not in result.devices and len(result.generations) == 2
     assert [it["iteration"] for it in result.iterations] == list(range(5))  # replayed ones replace, not duplicate
+
+
+def test_a_run_held_to_a_schedule_is_re_planned_under_it(reference):
+    plan = _plan().with_schedule("zb-h1")
+    opts = replace(OPTIONS, schedule="zb-h1")  # `train --schedule zb-h1`, or a site job that asked for it
+    result = train(plan, model_workload(MODEL), opts, lambda ev: None, replicate_every=2,
+                   faults=Faults(fail=(parse_fail("tx2-1@3:forward"),)))  # fmt: skip
+    _same(result, reference)
+    assert [(g["reason"], g["plan"].get("schedule")) for g in result.generations] == [
+        ("start", "zb-h1"),
+        ("lost", "zb-h1"),
+    ]
 
 
 def test_the_single_device_of_a_stage_lost_restores_its_layers_from_the_neighbour_replica(reference):
