@@ -31,25 +31,14 @@ def run_planner(args: argparse.Namespace) -> str:
 def run_reproduce(args: argparse.Namespace) -> str:
     """Check the reproduce arguments (each mistake is one UserError line), train or load the runs, render them."""
     from engine.bench import render, reproduce
-    from engine.models import get_model
 
-    clusters = _clusters(args, "ABCD")
+    clusters = _clusters(args, "C" if args.quick else "ABCD")
     if args.models:
-        names = [m.strip() for m in args.models.split(",") if m.strip()]
-        for m in names:
-            get_model(m)
-        models = {m: reproduce.MODELS.get(m, 16) for m in names}
+        models = {m: reproduce.MODELS.get(m, 16) for m in _zoo_models(args)}
     else:
         models = {"mobilenetv2": reproduce.MODELS["mobilenetv2"]} if args.quick else dict(reproduce.MODELS)
     bandwidths = _bandwidths(args.bandwidths)
-    methods = reproduce.METHODS
-    if args.methods:
-        methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
-        unknown = [m for m in methods if m not in reproduce.METHODS]
-        if unknown or not methods:
-            raise UserError(f"--methods takes some of {', '.join(reproduce.METHODS)}, got {args.methods!r}")
-    if args.quick:
-        clusters = "C" if args.clusters is None else clusters
+    methods = tuple(_some_of("--methods", args.methods, reproduce.METHODS))
     command = _command("reproduce")
     if args.from_record:
         runs = reproduce.load_runs([Path(p) for p in args.from_record.split(",")])
@@ -64,22 +53,17 @@ def run_reproduce(args: argparse.Namespace) -> str:
             progress=sys.stderr.isatty(),
             record=Path(args.record) if args.record else None,
         )
-    if args.figure:
-        for path in render.figure(runs, Path(args.figure)):
-            print(f"figure written to {path}", file=sys.stderr)
+    _figure(args, render.figure, runs)
     return render.report(runs, command)
 
 
 def run_recovery(args: argparse.Namespace) -> str:
     """Check the recovery arguments, run every cell (quick: cluster C, two models, 1000 Mbps, one device killed)."""
     from engine.bench import recovery
-    from engine.models import get_model
 
-    clusters = _clusters(args, "ABCD")
+    clusters = _clusters(args, "C" if args.quick else "ABCD")
     if args.models:
-        models = tuple(m.strip() for m in args.models.split(",") if m.strip())
-        for m in models:
-            get_model(m)
+        models = tuple(_zoo_models(args))
     else:
         models = recovery.QUICK_MODELS if args.quick else recovery.MODELS
     bandwidths = _bandwidths(args.bandwidths)
@@ -90,12 +74,8 @@ def run_recovery(args: argparse.Namespace) -> str:
             "the failure, and one after it)"
         )
     fail_at = min(recovery.FAIL_AT, iterations - 1)
-    scenarios = tuple(x.strip() for x in (args.scenarios or ",".join(recovery.SCENARIOS)).split(",") if x.strip())
-    unknown = [x for x in scenarios if x not in recovery.SCENARIOS]
-    if unknown or not scenarios:
-        raise UserError(f"--scenarios takes some of {', '.join(recovery.SCENARIOS)}, got {args.scenarios!r}")
+    scenarios = tuple(_some_of("--scenarios", args.scenarios, recovery.SCENARIOS))
     if args.quick:
-        clusters = "C" if args.clusters is None else clusters
         bandwidths = (1000.0,) if args.bandwidths == "1000,100" else bandwidths
         scenarios = ("one",) if not args.scenarios else scenarios
     command = _command("recovery")
@@ -108,9 +88,7 @@ def run_recovery(args: argparse.Namespace) -> str:
     results = recovery.recovery(
         clusters, models, bandwidths, scenarios, iterations, fail_at, batch_size=args.batch_size, replicate_every=K
     )
-    if args.figure:
-        for path in recovery.figure(results, Path(args.figure)):
-            print(f"figure written to {path}", file=sys.stderr)
+    _figure(args, recovery.figure, results)
     return recovery.report(results, command)
 
 
@@ -134,9 +112,7 @@ def run_compression(args: argparse.Namespace) -> str:
             models, clusters, bandwidths, levels, args.iterations, compression.BATCH,
             record=Path(args.record) if args.record else None,
         )  # fmt: skip
-    if args.figure:
-        for path in compression.figure(runs, Path(args.figure)):
-            print(f"figure written to {path}", file=sys.stderr)
+    _figure(args, compression.figure, runs)
     return compression.report(runs, command)
 
 
@@ -162,18 +138,38 @@ def run_predictor(args: argparse.Namespace) -> str:
         configs = configs[:2]
     command = _command("predictor")
     results = predictor.predictor_bench(doc, configs, plans=not args.quick, progress=sys.stderr.isatty())
-    if args.figure:
-        for path in predictor.figure(results, Path(args.figure)):
-            print(f"figure written to {path}", file=sys.stderr)
+    _figure(args, predictor.figure, results)
     return predictor.report(results, doc, command)
+
+
+def _some_of(option: str, text: str | None, known, default=None, where: str = "") -> list[str]:
+    """A comma-separated option: some of `known` (none given: `default`, or every one of `known`)."""
+    names = [x.strip() for x in (text or ",".join(known if default is None else default)).split(",") if x.strip()]
+    if not names or any(x not in known for x in names):
+        raise UserError(f"{option} takes some of {', '.join(known)}{where}, got {text!r}")
+    return names
 
 
 def _models(args: argparse.Namespace, known, default) -> list[str]:
     """`--models`: comma-separated names of `known` (default: `default`)."""
-    names = [m.strip() for m in (args.models or ",".join(default)).split(",") if m.strip()]
-    if not names or any(m not in known for m in names):
-        raise UserError(f"--models takes some of {', '.join(known)} here, got {args.models!r}")
+    return _some_of("--models", args.models, known, default, " here")
+
+
+def _zoo_models(args: argparse.Namespace) -> list[str]:
+    """`--models`: comma-separated names of any model of the zoo (an unknown one: get_model's UserError)."""
+    from engine.models import get_model
+
+    names = [m.strip() for m in args.models.split(",") if m.strip()]
+    for m in names:
+        get_model(m)
     return names
+
+
+def _figure(args: argparse.Namespace, figure, results) -> None:
+    """`--figure PREFIX`: the benchmark's figure of `results`, and where it was written."""
+    if args.figure:
+        for path in figure(results, Path(args.figure)):
+            print(f"figure written to {path}", file=sys.stderr)
 
 
 def _clusters(args: argparse.Namespace, default: str) -> str:

@@ -17,8 +17,10 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+
+from engine.bench.records import read_records, write_record
 
 # Each model with the real dataset it learns, its learning rate and the iterations of its accuracy run.
 MODELS = {"mobilenetv2": ("digits", 0.02, 60), "gpt-small": ("pytext", 0.01, 20)}
@@ -132,25 +134,13 @@ def compression_bench(
                         flush=True,
                     )
                     runs.append(run_one(model, letter, mbps, level, iterations, batch, seen))
-                    if record is not None:
-                        record.write_text(json.dumps([asdict(r) for r in runs], indent=1))
+                    write_record(record, runs)
     return runs
 
 
 def load_runs(paths: list[Path]) -> list[Run]:
     """Runs from `--record` files; a later run of the same cell and level replaces an earlier one."""
-    from engine.errors import UserError
-
-    found: dict[tuple, Run] = {}
-    for path in paths:
-        try:
-            docs = json.loads(path.read_text())
-            runs = [Run(**d) for d in docs]
-        except (OSError, ValueError, TypeError) as exc:
-            raise UserError(f"cannot read the record {path}: {exc}") from None
-        for r in runs:
-            found[(r.model, r.cluster, r.bandwidth_mbps, r.level)] = r
-    return list(found.values())
+    return read_records(paths, Run, lambda r: (r.model, r.cluster, r.bandwidth_mbps, r.level), "compression")
 
 
 def _held_out(r: Run) -> str:
@@ -252,13 +242,6 @@ def figure(runs: list[Run], prefix: Path) -> list[Path]:
         width=380 * max(len(keys), 2),
         height=480,
     )
-    prefix.parent.mkdir(parents=True, exist_ok=True)
-    html = prefix.with_suffix(".html")
-    fig.write_html(html, include_plotlyjs="cdn")  # docs/: one small file, plotly.js from its CDN
-    written = [html]
-    try:
-        fig.write_image(prefix.with_suffix(".png"))
-        written.append(prefix.with_suffix(".png"))
-    except Exception as exc:  # kaleido or a browser missing: the HTML is the figure
-        print(f"note: PNG not written ({str(exc).splitlines()[0][:120]})", file=sys.stderr)
-    return written
+    from engine.bench.render import write_figure
+
+    return write_figure(fig, prefix)

@@ -11,7 +11,6 @@ with the held-out device's true times.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -202,13 +201,6 @@ def figure(results: dict[str, dict[str, Scores]], prefix: Path) -> list[Path]:
         height=480,
         width=1200,
     )
-    prefix.parent.mkdir(parents=True, exist_ok=True)
-    html = prefix.with_suffix(".html")
-    fig.write_html(html, include_plotlyjs="cdn")  # docs/: one small file, plotly.js from its CDN
-    written = [html]
-    try:
-        fig.write_image(prefix.with_suffix(".png"))
-        written.append(prefix.with_suffix(".png"))
-    except Exception as exc:  # kaleido or a browser missing: the HTML is the figure
-        print(f"note: PNG not written ({str(exc).splitlines()[0][:120]})", file=sys.stderr)
-    return written
+    from engine.bench.render import write_figure
+
+    return write_figure(fig, prefix)

@@ -420,7 +420,6 @@ def figure(results: list[Result], path: Path) -> list[Path]:
         xaxis_title="device time since start (s)",
         yaxis_title="throughput (samples/s)",
     )
-    path = path.with_suffix(".html")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.write_html(path, include_plotlyjs="cdn")
-    return [path]
+    from engine.bench.render import write_figure
+
+    return write_figure(fig, path, png=False)

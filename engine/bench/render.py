@@ -132,13 +132,21 @@ def figure(runs: list[Run], prefix: Path) -> list[Path]:
         height=420 * len(bandwidths),
         width=1400,
     )
+    return write_figure(fig, prefix, plotlyjs="directory")
+
+
+def write_figure(fig, prefix: Path, plotlyjs: str = "cdn", png: bool = True) -> list[Path]:
+    """Write a Plotly figure as prefix.html (plotly.js as `include_plotlyjs`: "cdn" keeps a figure for docs/ one
+    small file) and, with `png`, prefix.png when a static-image engine (kaleido with a Chromium) is available;
+    returns the paths written."""
     prefix.parent.mkdir(parents=True, exist_ok=True)
     html = prefix.with_suffix(".html")
-    fig.write_html(html, include_plotlyjs="directory")
+    fig.write_html(html, include_plotlyjs=plotlyjs)
     written = [html]
-    try:
-        fig.write_image(prefix.with_suffix(".png"))
-        written.append(prefix.with_suffix(".png"))
-    except Exception as exc:  # kaleido or a browser missing: the HTML is the figure
-        print(f"note: PNG not written ({str(exc).splitlines()[0][:120]})", file=sys.stderr)
+    if png:
+        try:
+            fig.write_image(prefix.with_suffix(".png"))
+            written.append(prefix.with_suffix(".png"))
+        except Exception as exc:  # kaleido or a browser missing: the HTML is the figure
+            print(f"note: PNG not written ({str(exc).splitlines()[0][:120]})", file=sys.stderr)
     return written

@@ -12,12 +12,12 @@ writes those summaries as markdown and a figure.
 
 from __future__ import annotations
 
-import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
+from engine.bench.records import read_records, write_record
 from engine.costmodel import ideal_throughput
 from engine.devices import CLUSTERS, SHORT
 from engine.errors import UserError
@@ -175,25 +175,13 @@ def reproduce(
                     dilation[letter] = max(dilation.get(letter, 0.0), run.dilation)
                 runs.append(run)
                 bar.update(1)
-                if record:
-                    record.write_text(json.dumps([asdict(r) for r in runs], indent=1))
+                write_record(record, runs)
     return runs
 
 
 def load_runs(paths: list[Path]) -> list[Run]:
     """Runs from records; a later run of the same cell and method replaces an earlier one, in its place."""
-    runs: dict[tuple, Run] = {}
-    for path in paths:
-        try:
-            docs = json.loads(path.read_text())
-            loaded = [Run(**doc) for doc in docs]
-        except FileNotFoundError:
-            raise UserError(f"record {path} does not exist") from None
-        except (OSError, ValueError, TypeError) as exc:
-            raise UserError(f"record {path} is not a reproduce record: {exc}") from None
-        for r in loaded:
-            runs[(r.model, r.bandwidth_mbps, r.cluster, r.method)] = r
-    return list(runs.values())
+    return read_records(paths, Run, lambda r: (r.model, r.bandwidth_mbps, r.cluster, r.method), "reproduce")
 
 
 class Cell(NamedTuple):
