@@ -292,48 +292,72 @@ def allocate(terms: list[StageTerms], counts: list[int], m: int) -> tuple[float,
         return None
     if sum(min(t.cap, m) * c for t, c in zip(terms, counts)) < m:
         return None
-    # Fractional water level ignoring caps: sum_k c_k (T - o_k) / p_k = m.
-    inv = sum(c / t.per_sample for t, c in zip(terms, counts) if c)
-    level = (m + sum(c * t.fixed / t.per_sample for t, c in zip(terms, counts) if c)) / inv
-    base = []
-    for t, c in zip(terms, counts):
-        q = math.floor((level - t.fixed) / t.per_sample) if c else 0
-        base.append(max(1, min(t.cap, q)) if c else 0)
-    # Per class: `extra[k]` devices hold base[k] + 1, the rest base[k].
-    extra = [0] * len(counts)
-    total = sum(b * c for b, c in zip(base, counts))
-
-    def finish(k: int) -> float:
-        t = terms[k]
-        return t.fixed + (base[k] + (1 if extra[k] else 0)) * t.per_sample
-
-    while total > m:  # only from the >= 1 clamp: take samples off the slowest device
-        k = max((k for k, c in enumerate(counts) if c and (base[k] > 1 or extra[k])), key=finish)
-        if extra[k]:
-            extra[k] -= 1
-        else:
-            base[k] -= 1
-            extra[k] = counts[k] - 1
-        total -= 1
-    while total < m:
-        best, best_t = -1, math.inf
-        for k, c in enumerate(counts):
-            if not c:
-                continue
-            nxt = base[k] + 1
-            if nxt > terms[k].cap:
-                continue
-            t_next = terms[k].fixed + nxt * terms[k].per_sample
-            if t_next < best_t:
-                best, best_t = k, t_next
-        extra[best] += 1
-        if extra[best] == counts[best]:
-            base[best] += 1
-            extra[best] = 0
-        total += 1
-    time = max(finish(k) for k, c in enumerate(counts) if c)
+    base, extra = [0] * len(counts), [0] * len(counts)
+    fixed, per, cap = [t.fixed for t in terms], [t.per_sample for t in terms], [t.cap for t in terms]
+    time = water_fill(fixed, per, cap, counts, m, base, extra)
     shares = [[base[k] + 1] * extra[k] + [base[k]] * (c - extra[k]) for k, c in enumerate(counts)]
     return time, shares
+
+
+def water_fill(fixed, per, cap, counts, m: int, base, extra) -> float:
+    """`allocate`'s split over per-class sequences (class k: counts[k] devices taking fixed[k] + n * per[k] seconds
+    for n samples, at most cap[k]), once it is known to fit; the compiled search runs this same function
+    (engine.planners.stagecosts). Fills `base` and `extra` (zeros) in place: extra[k] devices of class k hold
+    base[k] + 1 samples, the rest base[k]. Returns the stage time. (numba's on-disk cache of the compiled search
+    does not notice an edit here: remove engine/planners/__pycache__/*.nb? after one.)"""
+    K = len(counts)
+    # Fractional water level ignoring caps: sum_k c_k (T - o_k) / p_k = m.
+    inv = 0.0
+    lifted = 0.0
+    for k in range(K):
+        if counts[k]:
+            inv += counts[k] / per[k]
+    for k in range(K):
+        if counts[k]:
+            lifted += counts[k] * fixed[k] / per[k]
+    level = (m + lifted) / inv
+    total = 0
+    for k in range(K):
+        if counts[k]:
+            q = math.floor((level - fixed[k]) / per[k])
+            base[k] = max(1, min(cap[k], q))
+            total += base[k] * counts[k]
+    while total > m:  # only from the >= 1 clamp: take samples off the slowest device
+        pick, worst = -1, -math.inf
+        for k in range(K):
+            if counts[k] and (base[k] > 1 or extra[k]):
+                f = fixed[k] + (base[k] + (1 if extra[k] else 0)) * per[k]
+                if pick < 0 or f > worst:
+                    pick, worst = k, f
+        if extra[pick]:
+            extra[pick] -= 1
+        else:
+            base[pick] -= 1
+            extra[pick] = counts[pick] - 1
+        total -= 1
+    while total < m:  # one sample at a time to the device that finishes earliest with it
+        pick, best_t = -1, math.inf
+        for k in range(K):
+            if not counts[k]:
+                continue
+            nxt = base[k] + 1
+            if nxt > cap[k]:
+                continue
+            t_next = fixed[k] + nxt * per[k]
+            if t_next < best_t:
+                pick, best_t = k, t_next
+        extra[pick] += 1
+        if extra[pick] == counts[pick]:
+            base[pick] += 1
+            extra[pick] = 0
+        total += 1
+    time = -math.inf
+    for k in range(K):
+        if counts[k]:
+            f = fixed[k] + (base[k] + (1 if extra[k] else 0)) * per[k]
+            if f > time:
+                time = f
+    return time
 
 
 def stage_time(terms: list[StageTerms], shares: list[int]) -> float:

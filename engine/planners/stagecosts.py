@@ -13,11 +13,13 @@ from collections import namedtuple
 import numpy as np
 from numba import njit
 
-from engine.costmodel import DEFAULT_CODEC_WORK, stage_fixed_s
+from engine.costmodel import DEFAULT_CODEC_WORK, stage_fixed_s, water_fill
 from engine.devices import LAYER_OVERHEAD_S
 from engine.plan import ALLREDUCE, OFF, gradient_bits
 
 NO_CAP = 1 << 30  # "no memory limit" in sample counts, as in engine.costmodel.stage_terms
+
+_water_fill = njit(cache=True)(water_fill)  # costmodel.allocate's split, compiled
 
 
 @njit(cache=True)
@@ -154,59 +156,7 @@ def allocate_time(t, i, j, g, in_flight):
             room += min(cap[k], m) * g[k]
     if room < m:
         return -1.0
-    inv = 0.0
-    lifted = 0.0
-    for k in range(K):
-        if g[k]:
-            inv += g[k] / per[k]
-    for k in range(K):
-        if g[k]:
-            lifted += g[k] * fixed / per[k]
-    level = (m + lifted) / inv
-    base = np.zeros(K, np.int64)
-    extra = np.zeros(K, np.int64)
-    total = 0
-    for k in range(K):
-        if g[k]:
-            q = math.floor((level - fixed) / per[k])
-            base[k] = max(1, min(cap[k], q))
-            total += base[k] * g[k]
-    while total > m:
-        pick, worst = -1, -math.inf
-        for k in range(K):
-            if g[k] and (base[k] > 1 or extra[k]):
-                f = fixed + (base[k] + (1 if extra[k] else 0)) * per[k]
-                if pick < 0 or f > worst:
-                    pick, worst = k, f
-        if extra[pick]:
-            extra[pick] -= 1
-        else:
-            base[pick] -= 1
-            extra[pick] = g[pick] - 1
-        total -= 1
-    while total < m:
-        pick, best_t = -1, math.inf
-        for k in range(K):
-            if not g[k]:
-                continue
-            nxt = base[k] + 1
-            if nxt > cap[k]:
-                continue
-            t_next = fixed + nxt * per[k]
-            if t_next < best_t:
-                pick, best_t = k, t_next
-        extra[pick] += 1
-        if extra[pick] == g[pick]:
-            base[pick] += 1
-            extra[pick] = 0
-        total += 1
-    time = -math.inf
-    for k in range(K):
-        if g[k]:
-            f = fixed + (base[k] + (1 if extra[k] else 0)) * per[k]
-            if f > time:
-                time = f
-    return time
+    return _water_fill(np.full(K, fixed), per, cap, g, m, np.zeros(K, np.int64), np.zeros(K, np.int64))
 
 
 Tables = namedtuple(
