@@ -25,6 +25,18 @@ def _grow(a, need):
     return b
 
 
+@njit(cache=True)
+def _entries(n):
+    """Room for n front entries: bottleneck, sum and all-reduce seconds; end layer, group code and next entry."""
+    return np.empty(n), np.empty(n), np.empty(n), np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
+
+
+@njit(cache=True)
+def _grow_entries(U, S, A, j, g, n, need):
+    """The six arrays of `_entries`, each with room for `need`."""
+    return _grow(U, need), _grow(S, need), _grow(A, need), _grow(j, need), _grow(g, need), _grow(n, need)
+
+
 @njit(cache=True, nogil=True)
 def front_search(t, cap_bound, limit, ks, k_top, cuts, states, codes, ordered, keep):  # noqa: C901
     """Fill the fronts of every state, bottom-up, and return the `keep` best plans at the top.
@@ -43,19 +55,9 @@ def front_search(t, cap_bound, limit, ks, k_top, cuts, states, codes, ordered, k
     nk = 1 if relaxed else k_top + 1
     start = np.full((nk, L + 1, R), -1, np.int64)
     length = np.zeros((nk, L + 1, R), np.int64)
-    pU = np.empty(1024)
-    pS = np.empty(1024)
-    pA = np.empty(1024)
-    pj = np.empty(1024, np.int64)
-    pg = np.empty(1024, np.int64)
-    pn = np.empty(1024, np.int64)
+    pU, pS, pA, pj, pg, pn = _entries(1024)  # every state's front, one after another
     used = 0
-    eU = np.empty(256)
-    eS = np.empty(256)
-    eA = np.empty(256)
-    ej = np.empty(256, np.int64)
-    eg = np.empty(256, np.int64)
-    en = np.empty(256, np.int64)
+    eU, eS, eA, ej, eg, en = _entries(256)  # the candidates of the state being filled
     g = np.zeros(K, np.int64)
     rest = np.zeros(K, np.int64)
     Wl = Wp[L]
@@ -177,8 +179,7 @@ def front_search(t, cap_bound, limit, ks, k_top, cuts, states, codes, ordered, k
                         if j == L:
                             if (M - 1) * (u if u > up else up) + u + ar <= room:
                                 need = n_e + 1
-                                eU, eS, eA = _grow(eU, need), _grow(eS, need), _grow(eA, need)
-                                ej, eg, en = _grow(ej, need), _grow(eg, need), _grow(en, need)
+                                eU, eS, eA, ej, eg, en = _grow_entries(eU, eS, eA, ej, eg, en, need)
                                 eU[n_e], eS[n_e], eA[n_e], ej[n_e], eg[n_e], en[n_e] = u, u, ar, j, gcode, -1
                                 n_e += 1
                             continue
@@ -194,8 +195,7 @@ def front_search(t, cap_bound, limit, ks, k_top, cuts, states, codes, ordered, k
                             A = ar if ar > pA[e] else pA[e]
                             if (M - 1) * (U if U > floor else floor) + pS[e] + A <= lim:
                                 need = n_e + 1
-                                eU, eS, eA = _grow(eU, need), _grow(eS, need), _grow(eA, need)
-                                ej, eg, en = _grow(ej, need), _grow(eg, need), _grow(en, need)
+                                eU, eS, eA, ej, eg, en = _grow_entries(eU, eS, eA, ej, eg, en, need)
                                 eU[n_e], eS[n_e], eA[n_e], ej[n_e], eg[n_e], en[n_e] = U, u + pS[e], A, j, gcode, e
                                 n_e += 1
                 # The front: entries no other beats for every way of finishing the plan. Finishing adds stages of
@@ -208,8 +208,7 @@ def front_search(t, cap_bound, limit, ks, k_top, cuts, states, codes, ordered, k
                         key[e] = (M - 1) * eU[e] + eS[e] + eA[e]
                     order = np.argsort(key, kind="mergesort")
                     need = used + n_e
-                    pU, pS, pA = _grow(pU, need), _grow(pS, need), _grow(pA, need)
-                    pj, pg, pn = _grow(pj, need), _grow(pg, need), _grow(pn, need)
+                    pU, pS, pA, pj, pg, pn = _grow_entries(pU, pS, pA, pj, pg, pn, need)
                     kept = 0
                     for o in range(n_e):
                         e = order[o]
