@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from engine.devices import get_kind
-from engine.errors import UserError
+from engine.errors import ErrorFirstParser, UserError
 from workers.enroll import default_state_path, obtain
 from workers.site import Site
 
@@ -150,15 +150,8 @@ class Agent:
         return {**hello, "version": PROTOCOL_VERSION}
 
 
-class _Parser(argparse.ArgumentParser):
-    """Usage mistakes as one line, like every other error of the agent."""
-
-    def error(self, message: str):
-        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = ErrorFirstParser(
         prog="python -m workers.agent",
         description="Asteroid device agent: takes part in training runs the site assigns to this device.",
     )

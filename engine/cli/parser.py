@@ -4,16 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from engine.errors import UserError
+from engine.errors import OneLineParser, UserError
 from engine.planners import PLANNERS
 from engine.schedule import SCHEDULES
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports a usage mistake as one line."""
-
-    def error(self, message: str):  # type: ignore[override]
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
 def _positive_int(text: str) -> int:
@@ -45,41 +38,41 @@ def _compression(text: str) -> tuple[tuple[int, ...], bool]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _compression_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--compression",
+# How a plan's stages talk and take turns: the same arguments for plan and train.
+_PIPELINE_ARGUMENTS = {
+    "--compression": dict(
         type=_compression,
         default=((), False),
         metavar="off|8|4|2|auto",
         help="bits per value of the activations and gradients sent between stages (default off); auto: per "
         "boundary, the level the cost model predicts fastest (auto:8,4 limits the levels it may pick)",
-    )
-
-
-def _allreduce_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--allreduce",
+    ),
+    "--allreduce": dict(
         default="off",
         choices=["off", "fp16", "bf16"],
         help="the stage's gradient all-reduce in 16-bit floats (torch's DDP compression hooks; half the bytes) or "
         "float32 (default off)",
-    )
-
-
-def _schedule_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--schedule",
+    ),
+    "--schedule": dict(
         default="auto",
         choices=["auto", *SCHEDULES],
         help="the pipeline schedule: 1F1B, or zero-bubble ZB-H1 (1F1B's memory) or ZB-H2 (more activations held), "
         "whose backward is split into input and weight gradients; default auto: Asteroid simulates each and keeps "
         "the fastest that fits",
-    )
+    ),
+}
+
+
+def _pipeline_arguments(parser: argparse.ArgumentParser) -> None:
+    for flag, options in _PIPELINE_ARGUMENTS.items():
+        parser.add_argument(flag, **options)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m engine", description="Plan, simulate and benchmark hybrid pipeline training.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = OneLineParser(
+        prog="python -m engine", description="Plan, simulate and benchmark hybrid pipeline training."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
 
     p = sub.add_parser("plan", help="plan a model on a cluster and predict its throughput")
     p.add_argument("--model", required=True, help="a model of the zoo (see `python -m engine models`)")
@@ -90,9 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--optimizer", default="sgd", choices=["sgd", "adam"], help="optimizer state to budget for")
     p.add_argument("--refresh-profile", action="store_true", help="profile the model again instead of the cache")
     p.add_argument("--json", action="store_true", help="print the plan JSON (with --method all: every plan)")
-    _compression_argument(p)
-    _allreduce_argument(p)
-    _schedule_argument(p)
+    _pipeline_arguments(p)
 
     s = sub.add_parser("simulate", help="simulate one iteration of a plan file (under its schedule)")
     s.add_argument("--plan", required=True, help="a plan JSON file (from `plan --json`, or hand-edited)")
@@ -134,9 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument(
         "--eval-samples", type=_positive_int, default=512, help="held-out samples scored, in whole batches (512)"
     )
-    _compression_argument(t)
-    _allreduce_argument(t)
-    _schedule_argument(t)
+    _pipeline_arguments(t)
     t.add_argument("--seed", type=int, default=0, help="seed of the weights and the batch order")
     t.add_argument("--timeout", type=_positive_float, default=30.0, help="seconds before a silent device is dead")
     t.add_argument("--save", help="write the trained model as one state_dict (torch.save) to this file")

@@ -6,15 +6,9 @@ import argparse
 import json
 import sys
 
+from engine.errors import ErrorFirstParser
 from workers.testbed import Testbed, TestbedError
 from workers.testbed.net import remove
-
-
-class Parser(argparse.ArgumentParser):
-    """Usage errors as one line and exit 2, like TestbedError."""
-
-    def error(self, message):
-        self.exit(2, f"error: {message} (see python -m workers.testbed --help)\n")
 
 
 def pairs(values: list[str], what: str, convert=str) -> dict:
@@ -31,10 +25,12 @@ def pairs(values: list[str], what: str, convert=str) -> dict:
     return out
 
 
-def parser() -> Parser:
-    common = Parser(add_help=False)
+def parser() -> ErrorFirstParser:
+    common = ErrorFirstParser(add_help=False)
     common.add_argument("--name", default="ast", help="the testbed's name, the prefix of its objects (default ast)")
-    p = Parser(prog="python -m workers.testbed", description="A LAN of namespaced boards with faults from the world.")
+    p = ErrorFirstParser(
+        prog="python -m workers.testbed", description="A LAN of namespaced boards with faults from the world."
+    )
     sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
 
     up = sub.add_parser("up", parents=[common], help="build the testbed (after removing any leftovers of it)")
