@@ -7,7 +7,7 @@ import json
 import os
 import time
 import urllib.error
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from engine.errors import UserError
@@ -26,12 +26,7 @@ class State:
     enrolled_with: str = ""  # sha256 of the enrollment token spent, so re-running the pasted command is harmless
 
     def to_dict(self) -> dict:
-        return {
-            "server": self.server,
-            "credential": self.credential,
-            "device": self.device,
-            "enrolled_with": self.enrolled_with,
-        }
+        return asdict(self)
 
 
 def token_digest(token: str) -> str:

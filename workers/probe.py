@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from engine.devices import GIB, get_kind
@@ -27,15 +27,10 @@ class Capacity:
     probe: dict | None = None
 
     def to_dict(self) -> dict:
-        doc = {
-            "kind": self.kind,
-            "emulated": self.emulated,
-            "memory_bytes": self.memory_bytes,
-            "gflops": self.gflops,
-            "host_gflops": self.host_gflops,
-        }
-        if self.probe is not None:
-            doc["probe"] = {k: list(v) for k, v in self.probe.items()}
+        doc = asdict(self)
+        probe = doc.pop("probe")
+        if probe is not None:
+            doc["probe"] = {k: list(v) for k, v in probe.items()}
         return doc
 
 
