@@ -40,29 +40,25 @@ def env_bool(name: str, default: bool) -> bool:
 
 def env_int(name: str, default: int, minimum: int = 0) -> int:
     """A whole number of at least `minimum`."""
-    value = env_str(name)
-    if not value:
-        return default
-    try:
-        number = int(value)
-    except ValueError:
-        raise ImproperlyConfigured(f"{name}={value!r} is not a whole number") from None
-    if number < minimum:
-        raise ImproperlyConfigured(f"{name}={number} must be at least {minimum}")
-    return number
+    return _env_number(name, default, int, "a whole number", minimum, "must be at least")
 
 
 def env_seconds(name: str, default: float, minimum: float) -> float:
     """A number of seconds (a decimal point allowed) of at least `minimum`."""
+    return _env_number(name, default, float, "a number of seconds", minimum, "must be a number of seconds, at least")
+
+
+def _env_number(name: str, default, read, what: str, minimum, too_small: str):
+    """`read` (int or float) of the value, finite and at least `minimum`; `default` when unset or empty."""
     value = env_str(name)
     if not value:
         return default
     try:
-        number = float(value)
+        number = read(value)
     except ValueError:
-        raise ImproperlyConfigured(f"{name}={value!r} is not a number of seconds") from None
-    if not number >= minimum or number == float("inf"):
-        raise ImproperlyConfigured(f"{name}={value} must be a number of seconds, at least {minimum}")
+        raise ImproperlyConfigured(f"{name}={value!r} is not {what}") from None
+    if not minimum <= number < float("inf"):
+        raise ImproperlyConfigured(f"{name}={value} {too_small} {minimum}")
     return number
 
 
