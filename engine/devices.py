@@ -22,7 +22,7 @@ class DeviceKind:
     reserved_gb: float
 
 
-# Jetson facts from DESIGN.md (FP16 peak). Memory on the Nano is shared CPU/GPU, so more is reserved.
+# Jetson facts (FP16 peak; docs/planning.md). Memory on the Nano is shared CPU/GPU, so more is reserved.
 KINDS: dict[str, DeviceKind] = {
     k.key: k
     for k in (
@@ -252,7 +252,7 @@ def _builtin(label: str, counts: list[tuple[str, int]]) -> Cluster:
     return Cluster(devices, name=label)
 
 
-# The clusters of the Asteroid evaluation (DESIGN.md).
+# The clusters of the Asteroid paper's evaluation (docs/planning.md).
 CLUSTERS: dict[str, Cluster] = {
     "A": _builtin("A", [("nano", 5)]),
     "B": _builtin("B", [("nx", 3), ("tx2", 2)]),

@@ -110,7 +110,7 @@ class Prediction:
 
 @dataclass(frozen=True)
 class Plan:
-    """A hybrid-pipeline plan for one model, batch size and cluster (the plan JSON of DESIGN.md)."""
+    """A hybrid-pipeline plan for one model, batch size and cluster (the plan JSON of docs/planning.md)."""
 
     method: str
     model: str
