@@ -12,16 +12,26 @@ from webapp.lib.tokens import new_token, token_hash
 PREFIX = "ast_api"
 
 
-class ApiToken(models.Model):
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
-    name = models.CharField(max_length=64, default="script")
+class _Hashed(models.Model):
+    """A row a secret token finds, the token stored only as its hash; newest first."""
+
     token_hash = models.CharField(max_length=64, unique=True)
-    hint = models.CharField(max_length=16, help_text="The token's first characters, to tell tokens apart.")
     created_at = models.DateTimeField(auto_now_add=True)
-    last_used_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
+        abstract = True
         ordering = ["-created_at"]
+
+    @classmethod
+    def by_token(cls, token: str) -> models.QuerySet:
+        return cls.objects.filter(token_hash=token_hash(token))
+
+
+class ApiToken(_Hashed):
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    name = models.CharField(max_length=64, default="script")
+    hint = models.CharField(max_length=16, help_text="The token's first characters, to tell tokens apart.")
+    last_used_at = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
         return f"{self.user} · {self.name} ({self.hint}…)"
@@ -38,7 +48,7 @@ class ApiToken(models.Model):
         """The active user a token belongs to, or None."""
         if not token:
             return None
-        row = cls.objects.select_related("user").filter(token_hash=token_hash(token)).first()
+        row = cls.by_token(token).select_related("user").first()
         if row is None or not row.user.is_active:
             return None
         now = timezone.now()
@@ -51,20 +61,15 @@ INVITE_PREFIX = "ast_invite"
 INVITE_DAYS = 7
 
 
-class Invitation(models.Model):
+class Invitation(_Hashed):
     """A one-time link for a new user to choose a username and password; only its hash is stored."""
 
-    token_hash = models.CharField(max_length=64, unique=True)
     staff = models.BooleanField(default=False, help_text="The new user may add devices and act on every job.")
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
-    created_at = models.DateTimeField(auto_now_add=True)
     expires_at = models.DateTimeField()
     used_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
                                 related_name="+")  # fmt: skip
     used_at = models.DateTimeField(null=True, blank=True)
-
-    class Meta:
-        ordering = ["-created_at"]
 
     def __str__(self) -> str:
         return f"invitation {self.pk} ({'used' if self.used_at else 'open'})"
@@ -84,7 +89,7 @@ class Invitation(models.Model):
     @classmethod
     def find(cls, token: str) -> Invitation | None:
         """The open invitation of `token`, or None (unknown, used, expired)."""
-        row = cls.objects.filter(token_hash=token_hash(token)).first()
+        row = cls.by_token(token).first()
         return row if row is not None and row.open else None
 
     def accept(self, user) -> bool:
