@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import atexit
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -14,13 +13,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from webapp.children import spawn, stop
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from workers.device import free_port
 
 
 def last_error(log: Path) -> str:

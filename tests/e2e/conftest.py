@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from webapp.embedded_redis import free_port
+from workers.device import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 ADMIN_PASSWORD = "e2e-admin-password-1"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from tests.e2e.conftest import site_env, start_system, stop_system
 from tests.e2e.test_recovery import log_lines
-from webapp.embedded_redis import free_port
+from workers.device import free_port
 
 JOB = {"model": "mobilenetv2", "dataset": "synthetic", "batch_size": 16, "iterations": 30}
 

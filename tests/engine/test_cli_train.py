@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -12,6 +11,7 @@ import pytest
 
 from engine.cli import main
 from tests.engine.runtime.helpers import cluster_of, make_plan
+from workers.device import free_port
 
 
 @pytest.fixture(autouse=True)
@@ -63,9 +63,7 @@ def test_train_json_document(capsys, plan_file, tmp_path):
 
 
 def test_one_process_per_rank_with_a_rendezvous(plan_file, profile_cache):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = {**os.environ, "ASTEROID_CACHE_DIR": str(profile_cache)}
     procs = [
         subprocess.Popen(

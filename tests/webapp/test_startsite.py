@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from django.contrib.auth import get_user_model
 
-from webapp.embedded_redis import free_port
 from webapp.startsite import ensure_admin
+from workers.device import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

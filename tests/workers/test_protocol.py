@@ -13,7 +13,6 @@ import itertools
 import logging
 import os
 import signal
-import socket
 import threading
 import time
 from contextlib import contextmanager
@@ -27,7 +26,7 @@ from tests.engine.runtime.helpers import cluster_of, make_plan, sized_workload
 from tests.workers.fakesite import FakeSite
 from workers.agent import Agent
 from workers.connection import Backoff, Refused, event_messages
-from workers.device import KILL_AFTER_S
+from workers.device import KILL_AFTER_S, free_port
 from workers.probe import Capacity
 from workers.site import Site
 
@@ -290,9 +289,7 @@ def test_a_refused_credential_is_fatal(site):
 
 
 def test_an_agent_waits_for_a_site_that_is_down_with_growing_delays(caplog):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     agent = make_agent(Site("http://127.0.0.1:1", f"ws://127.0.0.1:{port}/ws/agent/"), "tx2-2")
     thread = threading.Thread(target=agent.run, daemon=True)
     with caplog.at_level(logging.INFO, logger="workers"):

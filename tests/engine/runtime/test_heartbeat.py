@@ -1,12 +1,12 @@
 """A device's heartbeat thread: the coordinator's flags it reads belong to the generation the device runs."""
 
-import socket
 import time
 from datetime import timedelta
 
 import torch.distributed as dist
 
 from engine.runtime.control import Heartbeat, gen_key, key
+from workers.device import free_port
 
 
 class MovesOnWhileReading:
@@ -33,9 +33,7 @@ class MovesOnWhileReading:
 def test_a_stop_read_for_the_generation_that_just_ended_is_not_kept_for_the_next():
     # regression: gen 1's stop (3) was kept into gen 2, whose devices then stopped after their first iteration
     # with no stop asked, and the run went silent (tests/e2e/test_recovery.py, remove then add, now and then)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     server = dist.TCPStore("127.0.0.1", port, None, True, timeout=timedelta(seconds=10), wait_for_workers=False)
     server.set(gen_key(1, "stop"), "3")
     hb = Heartbeat("127.0.0.1", port, "nano-0", 10)
