@@ -13,12 +13,13 @@ import asyncio
 import json
 import threading
 import time
+from contextlib import ExitStack
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from websockets.asyncio.server import serve
 from websockets.exceptions import ConnectionClosed
 
+from tests.workers.httpfakes import JsonHandler, serving
 from workers.site import Site
 
 
@@ -52,8 +53,8 @@ class FakeSite:
     # -- lifecycle ------------------------------------------------------------------------------------
 
     def __enter__(self) -> FakeSite:
-        self._http = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        threading.Thread(target=self._http.serve_forever, daemon=True).start()
+        self._http = ExitStack()
+        self.http_url = self._http.enter_context(serving(_handler(self)))
         threading.Thread(target=self._loop.run_forever, daemon=True).start()
         self._ws = asyncio.run_coroutine_threadsafe(self._serve(), self._loop).result(10)
         return self
@@ -61,8 +62,7 @@ class FakeSite:
     def __exit__(self, *exc) -> None:
         asyncio.run_coroutine_threadsafe(self._close(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
-        self._http.shutdown()
-        self._http.server_close()
+        self._http.close()
 
     async def _serve(self):
         return await serve(self._session, "127.0.0.1", self.ws_port, process_request=self._check)
@@ -70,10 +70,6 @@ class FakeSite:
     async def _close(self) -> None:
         self._ws.close()
         await self._ws.wait_closed()
-
-    @property
-    def http_url(self) -> str:
-        return f"http://127.0.0.1:{self._http.server_address[1]}"
 
     @property
     def ws_url(self) -> str:
@@ -193,7 +189,7 @@ class FakeSite:
 
 
 def _handler(site: FakeSite):
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(JsonHandler):
         def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
             body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
             parts = self.path.strip("/").split("/")
@@ -201,27 +197,16 @@ def _handler(site: FakeSite):
                 token = json.loads(body).get("token")
                 name = site.tokens.pop(token, None)
                 if name is None:
-                    return self._reply(403, {"error": "invalid or used enrollment token"})
+                    return self.reply(403, {"error": "invalid or used enrollment token"})
                 cred = next(c for c, n in site.credentials.items() if n == name)
-                return self._reply(200, {"device": {"id": 1, "name": name, "kind": "jetson-nano"}, "credential": cred})
+                return self.reply(200, {"device": {"id": 1, "name": name, "kind": "jetson-nano"}, "credential": cred})
             if parts[:3] == ["api", "agent", "jobs"] and parts[4:] == ["part"]:
                 device = site.credentials.get(self.headers.get("Authorization", "").removeprefix("Bearer "))
                 if device is None or self.headers.get("Content-Type") != "application/octet-stream":
-                    return self._reply(403, {"error": "bad credential or content type"})
+                    return self.reply(403, {"error": "bad credential or content type"})
                 with site.lock:
                     site.parts[(parts[3], device)] = body
-                return self._reply(200, {"ok": True})
-            self._reply(404, {"error": "not found"})
-
-        def _reply(self, status: int, doc: dict) -> None:
-            data = json.dumps(doc).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, *args) -> None:
-            pass  # quiet test output
+                return self.reply(200, {"ok": True})
+            self.reply(404, {"error": "not found"})
 
     return Handler

@@ -85,30 +85,15 @@ def test_an_unreachable_server_is_one_line():
 
 def test_a_site_refusing_its_host_is_not_called_a_bad_token():
     # regression: a site missing the board's address in DJANGO_ALLOWED_HOSTS read as "token wrong or already used"
-    import http.server
-    import json
-    import threading
+    from tests.workers.httpfakes import JsonHandler, serving
 
     said = "this site does not answer to the host '198.18.42.1:8000': add '198.18.42.1' to DJANGO_ALLOWED_HOSTS"
 
-    class Handler(http.server.BaseHTTPRequestHandler):
+    class Handler(JsonHandler):
         def do_POST(self):
-            body = json.dumps({"error": said}).encode()
-            self.send_response(400)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            self.reply(400, {"error": said})
 
-        def log_message(self, *args):
-            pass
-
-    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        with pytest.raises(UserError) as caught:
-            enroll(Site.parse(f"http://127.0.0.1:{server.server_port}"), "ast_enroll_x", tries=1)
-    finally:
-        server.shutdown()
+    with serving(Handler) as url, pytest.raises(UserError) as caught:
+        enroll(Site.parse(url), "ast_enroll_x", tries=1)
     assert "refused the enrollment request" in str(caught.value) and "DJANGO_ALLOWED_HOSTS" in str(caught.value)
     assert "already used" not in str(caught.value)

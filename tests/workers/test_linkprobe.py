@@ -1,16 +1,13 @@
 """The agent's link probe against a real HTTP server: what it measures, and a site that cannot take it."""
 
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
 import pytest
 
+from tests.workers.httpfakes import JsonHandler, serving
 from workers.linkprobe import FIRST_BYTES, MAX_BYTES, SENDS, measure_link
 from workers.site import Site
 
 
-class Sink(BaseHTTPRequestHandler):
+class Sink(JsonHandler):
     """The site's two endpoints: the turn (busy for the first `busy` asks) and the probe."""
 
     sizes: list[int] = []
@@ -35,25 +32,14 @@ class Sink(BaseHTTPRequestHandler):
         self.reply(200, {"released": True})
 
     def reply(self, status: int, doc: dict):
-        body = json.dumps(doc if status == 200 else {"error": doc.get("error", "no such page")}).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
+        super().reply(status, doc if status == 200 else {"error": doc.get("error", "no such page")})
 
 
 @pytest.fixture
 def site():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Sink)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     Sink.sizes, Sink.turns, Sink.answer, Sink.busy = [], [], 200, 0
-    yield Site.parse(f"http://127.0.0.1:{server.server_address[1]}")
-    server.shutdown()
-    server.server_close()
+    with serving(Sink) as url:
+        yield Site.parse(url)
 
 
 def test_the_probe_waits_its_turn_sizes_its_sends_from_its_first_and_reports_mbps(site):

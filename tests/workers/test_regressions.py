@@ -3,27 +3,20 @@
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 from engine.errors import UserError
+from tests.workers.httpfakes import JsonHandler
 from workers.enroll import enroll
 from workers.site import Site
 
 
-class EnrollOnce(BaseHTTPRequestHandler):
+class EnrollOnce(JsonHandler):
     """The site's enrollment endpoint, answering any token with one credential."""
 
     def do_POST(self):
         self.rfile.read(int(self.headers["Content-Length"]))
-        body = json.dumps({"credential": "cred-nano", "device": {"name": "nano-0"}}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
+        self.reply(200, {"credential": "cred-nano", "device": {"name": "nano-0"}})
 
 
 # Agents started with the site (`make run`) gave up enrolling when the site was not listening yet (2b5e4a0).
