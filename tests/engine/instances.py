@@ -97,3 +97,35 @@ def solved_instance(seed: int):
         except NoFeasiblePlan:
             plans[method] = None
     return problem, plans
+
+
+def with_device_tables(problem, rng: random.Random, devices: int | None = None):
+    """The problem with measured-like per-layer times for its first `devices` devices (default: a random number
+    of them): each layer's time is its work over the device's rate times a per-layer factor (as a depthwise conv
+    or a norm runs below a device's average)."""
+    from dataclasses import replace
+
+    w, tables = problem.workload, {}
+    n = rng.randint(1, len(problem.cluster.devices)) if devices is None else devices
+    for d in problem.cluster.devices[:n]:
+        factors = [rng.uniform(0.5, 2.0) for _ in range(w.num_layers)]
+        fwd = [f / d.flops_per_s * k for f, k in zip(w.forward_flops, factors)]
+        bwd = [b / d.flops_per_s * k for b, k in zip(w.backward_flops, factors)]
+        tables[d.name] = (fwd, bwd)
+    return replace(problem, workload=w.with_device_times(tables))
+
+
+def with_the_oracle(problem):
+    """Asteroid's plan and the exhaustive oracle's, or None where the oracle finds none that fits (and then
+    Asteroid must not find one either)."""
+    import pytest
+
+    from engine.planners import NoFeasiblePlan, asteroid, exhaustive
+
+    try:
+        oracle = exhaustive.plan(problem)
+    except NoFeasiblePlan:
+        with pytest.raises(NoFeasiblePlan):
+            asteroid.plan(problem)
+        return None
+    return asteroid.plan(problem), oracle
