@@ -26,16 +26,15 @@ def test_exact_search_is_never_worse_than_the_published_space():
 def test_recovery_report_keeps_real_and_device_seconds_apart():
     from engine.bench.recovery import Cell, Ours, Overhead, Restart, Result, report, victims
     from engine.devices import load_cluster
-    from engine.plan import Plan, Share, Stage
+    from tests.engine.runtime.helpers import make_plan as hand_plan
 
     c, b = load_cluster("C", 1000), load_cluster("B", 1000)
-    two_stages = (Stage(0, 5, (Share("nx-0", 6), Share("tx2-1", 2))), Stage(5, 9, (Share("nano-0", 8),)))
-    plan = Plan("hand", "m", 8, 1, two_stages, c)
+    plan = hand_plan("m", c, 8, 1, [(0, 5, [("nx-0", 6), ("tx2-1", 2)]), (5, 9, [("nano-0", 8)])])
     assert victims(plan, "nx") == ("nx-0",) and victims(plan, "one") == ("tx2-1",)
     assert victims(plan, "stage") == ("nano-0",) and victims(plan, "two") == ("tx2-1", "nano-0")
-    one_stage = Plan("hand", "m", 8, 1, (Stage(0, 9, (Share("nx-0", 8),)),), c)
+    one_stage = hand_plan("m", c, 8, 1, [(0, 9, [("nx-0", 8)])])
     assert victims(one_stage, "stage") is None and victims(one_stage, "two") is None
-    assert victims(Plan("hand", "m", 8, 1, (Stage(0, 9, (Share(b.devices[0].name, 8),)),), b), "nx") is None
+    assert victims(hand_plan("m", b, 8, 1, [(0, 9, [(b.devices[0].name, 8)])]), "nx") is None
     cell = Cell("C", "mobilenetv2", 1000.0, "one", ("tx2-1",), 5, 8)
     ours = Ours(wall_s=4.0, detection_real_s=1.0, planning_real_s=0.5, setup_real_s=2.5, device_s=0.5,
                 restore_device_s=0.1, replay_device_s=0.4, iterations_lost=0, throughput_before=100.0,

@@ -23,8 +23,9 @@ from engine.costmodel import (
 )
 from engine.devices import LAYER_OVERHEAD_S, Cluster, Device, load_cluster
 from engine.errors import UserError
-from engine.plan import Plan, Share, Stage
+from engine.plan import Plan
 from tests.engine.instances import layered_workload, random_workload
+from tests.engine.runtime.helpers import make_plan
 
 # ---------------------------------------------------------------- allocation
 
@@ -129,8 +130,8 @@ def free_comm_cluster(n: int, kind: str = "nx") -> Cluster:
 
 
 def chain_plan(w: Workload, cluster: Cluster, S: int, M: int, m: int, per: int) -> Plan:
-    stages = tuple(Stage(s * per, (s + 1) * per, (Share(cluster.devices[s].name, m),)) for s in range(S))
-    return Plan("test", w.model, m * M, M, stages, cluster)
+    stages = [(s * per, (s + 1) * per, [(cluster.devices[s].name, m)]) for s in range(S)]
+    return make_plan(w.model, cluster, m * M, M, stages)
 
 
 # ---------------------------------------------------------------- closed form and bubble
@@ -160,18 +161,7 @@ def test_score_is_sum_plus_bottleneck_plus_slowest_allreduce():
     rng = random.Random(7)
     w = random_workload(rng, 6)
     cluster = load_cluster("C", bandwidth_mbps=100)
-    plan = Plan(
-        "hand",
-        w.model,
-        24,
-        3,
-        (
-            Stage(0, 2, (Share("nx-0", 5), Share("tx2-0", 3))),
-            Stage(2, 5, (Share("nano-0", 8),)),
-            Stage(5, 6, (Share("tx2-1", 4), Share("nano-1", 2), Share("nano-2", 2))),
-        ),
-        cluster,
-    )
+    plan = three_stage_plan(w, cluster)
     times, ars = [], []
     for p, st in enumerate(plan.stages):
         per_dev = []
@@ -244,20 +234,13 @@ def test_stage_cap_is_the_most_samples_that_fit():
 def test_plan_over_memory_is_scored_with_fits_false():
     w = uniform_workload(4, saved=400_000_000, params=50_000_000)
     cluster = load_cluster("D")
-    plan = Plan("hand", w.model, 16, 1, (Stage(0, 4, (Share("nano-0", 16),)),), cluster)
+    plan = make_plan(w.model, cluster, 16, 1, [(0, 4, [("nano-0", 16)])])
     pred = score(plan, w)
     assert not pred.fits
     assert pred.memory_bytes["nano-0"] > cluster.device("nano-0").memory_bytes
     assert math.isfinite(pred.iteration_s) and pred.iteration_s > 0
     # The same stage split over every device of the cluster fits.
-    spread = Plan(
-        "hand",
-        w.model,
-        16,
-        8,
-        (Stage(0, 4, (Share("tx2-0", 1), Share("nano-0", 1))),),
-        cluster,
-    )
+    spread = make_plan(w.model, cluster, 16, 8, [(0, 4, [("tx2-0", 1), ("nano-0", 1)])])
     assert score(spread, w).fits
 
 
@@ -278,7 +261,7 @@ def test_allreduce_zero_for_one_device_and_ring_formula_otherwise():
 def test_data_parallel_stage_pays_one_allreduce_per_iteration():
     w = uniform_workload(3)
     cluster = Cluster(tuple(Device.of_kind(f"d{i}", "tx2") for i in range(3)), bandwidth_mbps=100, latency_ms=1.0)
-    plan = Plan("hand", w.model, 12, 2, (Stage(0, 3, tuple(Share(f"d{i}", 2) for i in range(3))),), cluster)
+    plan = make_plan(w.model, cluster, 12, 2, [(0, 3, [(f"d{i}", 2) for i in range(3)])])
     t = stage_terms(w, cluster, cluster.devices[0], 0, 3, 1)
     expect = 2 * (t.fixed + 2 * t.per_sample) + allreduce_s(w, cluster, 0, 3, 3)
     assert math.isclose(score(plan, w).iteration_s, expect, rel_tol=1e-12)
@@ -307,10 +290,10 @@ def test_workload_range_sums():
 def test_score_rejects_a_plan_for_another_model_or_malformed():
     w = uniform_workload(3)
     cluster = free_comm_cluster(1)
-    plan = Plan("hand", "resnet50", 4, 1, (Stage(0, 3, (Share("d0", 4),)),), cluster)
+    plan = make_plan("resnet50", cluster, 4, 1, [(0, 3, [("d0", 4)])])
     with pytest.raises(UserError, match="resnet50"):
         score(plan, w)
-    short = Plan("hand", w.model, 4, 1, (Stage(0, 2, (Share("d0", 4),)),), cluster)
+    short = make_plan(w.model, cluster, 4, 1, [(0, 2, [("d0", 4)])])
     with pytest.raises(UserError, match="cover"):
         score(short, w)
 
@@ -326,14 +309,13 @@ def test_ideal_throughput():
 
 
 def three_stage_plan(w: Workload, cluster: Cluster) -> Plan:
-    return Plan(
-        "hand", w.model, 24, 3,
-        (
-            Stage(0, 2, (Share("nx-0", 5), Share("tx2-0", 3))),
-            Stage(2, 5, (Share("nano-0", 8),)),
-            Stage(5, 6, (Share("tx2-1", 4), Share("nano-1", 2), Share("nano-2", 2))),
-        ),
-        cluster,
+    return make_plan(
+        w.model, cluster, 24, 3,
+        [
+            (0, 2, [("nx-0", 5), ("tx2-0", 3)]),
+            (2, 5, [("nano-0", 8)]),
+            (5, 6, [("tx2-1", 4), ("nano-1", 2), ("nano-2", 2)]),
+        ],
     )  # fmt: skip
 
 
@@ -369,6 +351,6 @@ def test_replication_that_does_not_fit_makes_the_plan_not_fit():
         "big", (1e9,) * 4, (2e9,) * 4, (1000,) * 4, (1000,) * 4, (1000,) * 4, (300 * mib,) * 4, (300 * mib,) * 4
     )
     cluster = Cluster((Device.of_kind("n0", "nano"), Device.of_kind("n1", "nano")), 1000)
-    plan = Plan("hand", w.model, 1, 1, (Stage(0, 2, (Share("n0", 1),)), Stage(2, 4, (Share("n1", 1),))), cluster)
+    plan = make_plan(w.model, cluster, 1, 1, [(0, 2, [("n0", 1)]), (2, 4, [("n1", 1)])])
     assert score(plan, w).fits
     assert not score(plan, w, replicate_every=100).fits

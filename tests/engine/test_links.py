@@ -9,10 +9,11 @@ import pytest
 from engine.costmodel import Workload, allreduce_s, link_s, score
 from engine.devices import Cluster, Device, load_cluster
 from engine.errors import UserError
-from engine.plan import Plan, Share, Stage
+from engine.plan import Plan
 from engine.planners import PLANNERS, Problem
 from engine.simulator import simulate
 from engine.steps import device_steps
+from tests.engine.runtime.helpers import make_plan
 
 
 def workload(layers: int = 8, out: int = 400_000, params: int = 2_000_000) -> Workload:
@@ -29,9 +30,8 @@ def cluster(slow: dict[str, float] | None = None) -> Cluster:
 
 def two_stage_plan(c: Cluster, first: tuple[str, ...], second: tuple[str, ...], layers: int = 8) -> Plan:
     m = 8
-    shares = lambda names: tuple(Share(n, m // len(names)) for n in names)  # noqa: E731
-    return Plan("hand", "links", 4 * m, 4, (Stage(0, layers // 2, shares(first)), Stage(layers // 2, layers,
-                shares(second))), c)  # fmt: skip
+    shares = lambda names: [(n, m // len(names)) for n in names]  # noqa: E731
+    return make_plan("links", c, 4 * m, 4, [(0, layers // 2, shares(first)), (layers // 2, layers, shares(second))])
 
 
 def test_a_transfer_runs_at_its_slower_end_and_a_device_alone_at_its_own_link():

@@ -9,11 +9,12 @@ import pytest
 from engine.costmodel import Workload, score
 from engine.devices import LAYER_OVERHEAD_S, Cluster, Device, load_cluster
 from engine.events import StepEvent
-from engine.plan import Plan, Share, Stage
+from engine.plan import Plan
 from engine.schedule import SCHEDULES
 from engine.simulator import simulate
 from engine.trace import chrome_trace
 from tests.engine.instances import solved_instance
+from tests.engine.runtime.helpers import make_plan
 
 EPS = 1e-12  # float slack on event ordering
 
@@ -34,10 +35,8 @@ def homogeneous(S: int, M: int, width: int = 1, per: int = 2, m: int = 4):
         latency_ms=0.0,
     )
     share = m // width
-    stages = tuple(
-        Stage(s * per, (s + 1) * per, tuple(Share(f"d{s}-{k}", share) for k in range(width))) for s in range(S)
-    )
-    plan = Plan("hand", w.model, share * width * M, M, stages, cluster)
+    stages = [(s * per, (s + 1) * per, [(f"d{s}-{k}", share) for k in range(width)]) for s in range(S)]
+    plan = make_plan(w.model, cluster, share * width * M, M, stages)
     dev = cluster.devices[0]
     f = per * LAYER_OVERHEAD_S + share * per * 1e9 / dev.flops_per_s
     b = per * LAYER_OVERHEAD_S + share * per * 2.5e9 / dev.flops_per_s
@@ -89,18 +88,12 @@ def timeline_plans():
         out += [(plan, problem.workload) for plan in plans.values() if plan is not None]
     w = uniform_workload(6)
     cluster = load_cluster("C", bandwidth_mbps=100)
-    hand = Plan(
-        "hand",
-        w.model,
-        30,
-        3,
-        (
-            Stage(0, 2, (Share("nx-0", 6), Share("tx2-0", 4))),
-            Stage(2, 3, (Share("nano-0", 3), Share("nano-1", 3), Share("nano-2", 4))),
-            Stage(3, 6, (Share("tx2-1", 10),)),
-        ),
-        cluster,
-    )
+    stages = [
+        (0, 2, [("nx-0", 6), ("tx2-0", 4)]),
+        (2, 3, [("nano-0", 3), ("nano-1", 3), ("nano-2", 4)]),
+        (3, 6, [("tx2-1", 10)]),
+    ]
+    hand = make_plan(w.model, cluster, 30, 3, stages)
     out.append((hand, w))
     return out
 
@@ -198,7 +191,7 @@ def test_plan_over_memory_is_simulated_with_fits_false():
     w = uniform_workload(4)
     w = Workload(w.model, w.forward_flops, w.backward_flops, w.output_bytes, (900_000_000,) * 4,
                  w.peak_bytes, w.param_bytes, w.optimizer_bytes)  # fmt: skip
-    plan = Plan("hand", w.model, 8, 2, (Stage(0, 4, (Share("nano-0", 4),)),), load_cluster("A"))
+    plan = make_plan(w.model, load_cluster("A"), 8, 2, [(0, 4, [("nano-0", 4)])])
     sim = simulate(plan, w)
     assert not sim.fits and not score(plan, w).fits
     assert sim.iteration_s > 0
