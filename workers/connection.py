@@ -31,7 +31,7 @@ log = logging.getLogger("workers.connection")
 REFUSED_CODE = 4401  # close code of a bad or revoked credential
 MAX_EVENTS = 200  # events per `events` message (protocol)
 MAX_MESSAGE_BYTES = 192 * 1024  # under the site's 256 KiB frame limit
-SEND_EVERY_S = 0.2  # batch what is queued, a few times a second
+SEND_EVERY_S = 0.2  # while a sent `events` message awaits its ack, newer events wait at most this long
 WELCOME_TIMEOUT_S = 10.0
 DEFAULT_HEARTBEAT_S = 5.0
 CLOCK_BURST = 8  # clock probes right after welcome, CLOCK_BURST_GAP_S apart ...
@@ -58,6 +58,58 @@ class Backoff:
         delay = self._next
         self._next = min(self.cap, delay * 2)
         return delay * (0.5 + 0.5 * self.rng())
+
+
+class _Wakeup:
+    """Wakes the sender when the outbox gets an event, from whichever thread added it (one loop call per wait)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self._loop = loop
+        self._event = asyncio.Event()
+        self._scheduled = False  # a wake-up is on its way to the loop
+
+    def added(self) -> None:
+        """The outbox's watcher: any thread, after an add. (Set means the sender reads the outbox before waiting.)"""
+        if self._scheduled or self._event.is_set():
+            return
+        self._scheduled = True
+        try:
+            self._loop.call_soon_threadsafe(self._set)
+        except RuntimeError:  # the loop has closed: the next session sends what is pending
+            self._scheduled = False
+
+    def _set(self) -> None:
+        self._scheduled = False
+        self._event.set()
+
+    def clear(self) -> None:
+        self._event.clear()
+
+    async def wait(self) -> None:
+        await self._event.wait()
+
+
+class _Acked:
+    """The highest seq the site acknowledged in this session, and a wait for one."""
+
+    def __init__(self, seq: int = 0):
+        self.seq = seq
+        self._changed = asyncio.Event()
+
+    def note(self, seq: int) -> None:
+        if seq > self.seq:
+            self.seq = seq
+            self._changed.set()
+
+    async def until(self, seq: int, timeout: float) -> None:
+        """Return once `seq` is acknowledged, or after `timeout` seconds."""
+        try:
+            async with asyncio.timeout(timeout):
+                while self.seq < seq:
+                    self._changed.clear()
+                    await self._changed.wait()
+        except TimeoutError:
+            pass
 
 
 def event_messages(entries: list[dict]) -> list[str]:
@@ -99,6 +151,7 @@ class Connection:
         self._probes: deque[float] = deque(maxlen=CLOCK_IN_FLIGHT)  # t0s of probes in flight
         self._clock_told = False  # the estimate's first readiness is logged, once
         self._clock_unanswered = False  # the site said it does not know `clock` (an older site): no more probes
+        self._acked = _Acked()  # this session's acknowledgements, which pace the sender
 
     async def run(self, stop: asyncio.Event) -> None:
         """Connect, serve, and reconnect with backoff until `stop`; buffered events wait in the outbox meanwhile."""
@@ -160,6 +213,7 @@ class Connection:
             self.device = welcome.get("device")
             self.runner.device = self.device or ""
             self.outbox.ack(_int(welcome.get("last_seq")))
+            self._acked = _Acked(_int(welcome.get("last_seq")))
             every = welcome.get("heartbeat_s")
             every = every if isinstance(every, int | float) and not isinstance(every, bool) and every > 0 else None
             self.backoff.reset()
@@ -213,6 +267,7 @@ class Connection:
                 self._clock_reply(msg, received)
             elif kind == "ack":
                 self.outbox.ack(_int(msg.get("seq")))
+                self._acked.note(_int(msg.get("seq")))
             elif kind == "assign":
                 await self._assign(ws, msg)
             elif kind == "start":
@@ -250,15 +305,27 @@ class Connection:
         await ws.send(json.dumps(reply))
 
     async def _send_events(self, ws: ClientConnection) -> None:
-        """Everything not yet acknowledged (a resend after welcome), then new events as they come."""
-        sent = 0
-        while True:
-            entries = self.outbox.pending(after=sent)
-            for text in event_messages(entries):
-                await ws.send(text)
-            if entries:
+        """Everything not yet acknowledged (a resend after welcome), then new events as soon as they are added.
+
+        What has accumulated goes in one message. Once a message is sent, newer events wait for its ack (the
+        site has stored it), at most SEND_EVERY_S: an event added to an idle connection goes at once, and under
+        load the site gets one message at a time from this agent, as large as what came meanwhile."""
+        wake = _Wakeup(asyncio.get_running_loop())
+        self.outbox.watch(wake.added)
+        try:
+            sent = 0
+            while True:
+                wake.clear()  # before reading: an add after this read wakes it again
+                entries = self.outbox.pending(after=sent)
+                if not entries:
+                    await wake.wait()
+                    continue
+                for text in event_messages(entries):
+                    await ws.send(text)
                 sent = entries[-1]["seq"]
-            await asyncio.sleep(SEND_EVERY_S)
+                await self._acked.until(sent, SEND_EVERY_S)
+        finally:
+            self.outbox.watch(None)
 
     async def _clock_probes(self, ws: ClientConnection) -> None:
         """A burst of probes, then one every CLOCK_EVERY_S; replies come to `_clock_reply`, or never. (It never

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Callable
 
 LIMIT = 100_000
 
@@ -22,6 +23,11 @@ class Outbox:
         self._events: deque[dict] = deque()
         self._seq = 0
         self._lock = threading.Lock()
+        self._watcher: Callable[[], None] | None = None
+
+    def watch(self, callback: Callable[[], None] | None) -> None:
+        """Call `callback()` after each event is added (in the adding thread, outside the lock); None: no more."""
+        self._watcher = callback
 
     @property
     def last_seq(self) -> int:
@@ -38,7 +44,11 @@ class Outbox:
                 self._evict_step()
             self._seq += 1
             self._events.append({"seq": self._seq, "job": job, "event": event})
-            return self._seq
+            seq = self._seq
+        watcher = self._watcher
+        if watcher is not None:
+            watcher()
+        return seq
 
     def _evict_step(self) -> None:
         for i, entry in enumerate(self._events):
