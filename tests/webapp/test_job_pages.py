@@ -1,16 +1,12 @@
 """Job pages: the form (with errors on it), the plan page with its figures and tables, live page, downloads."""
 
 import json
-import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
 from django.utils import timezone
 
+from tests.webapp.livepage import run_live_js
 from webapp.jobs.models import Job, JobDevice, JobEvent
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_form_plans_and_shows_the_plan(client, bob, cluster_c, profile_cache, django_capture_on_commit_callbacks):
@@ -98,30 +94,19 @@ def test_the_live_page_has_a_held_out_chart_only_for_an_evaluated_job(client, bo
 
 # static/js/live.js in node over a stub page: a Plotly that records what it draws, a socket the test drives.
 EVAL_PAGE = r"""
-const fs = require('fs');
 const element = (id, dataset) => ({ id, dataset: dataset || {}, textContent: '', classList: new Set() });
 const page = { live: element('live', { wsUrl: '/ws/jobs/1/', devices: '[]', predicted: '0', iterations: '4' }),
                'loss-chart': element('loss-chart'), 'eval-chart': element('eval-chart') };
-const sockets = [], timers = [], calls = [];
+const calls = [];
 global.window = { addEventListener() {}, Plotly: {
   react: (div, data, layout) => { div.data = data; calls.push({ how: 'react', div: div.id, data, layout }); },
   extendTraces: (div, update, traces) => calls.push({ how: 'extend', div: div.id, update, traces }),
 } };
-global.Plotly = window.Plotly;
-global.document = { readyState: 'complete', getElementById: (id) => page[id] || null, querySelectorAll: () => [],
-                    querySelector: () => null };
-global.location = { protocol: 'http:', host: '127.0.0.1:8000' };
-global.setTimeout = (fn) => timers.push(fn);
-global.clearTimeout = () => {};
-global.WebSocket = class {
-  constructor() { this.on = {}; sockets.push(this); }
-  addEventListener(kind, fn) { this.on[kind] = fn; }
-};
-eval(fs.readFileSync(process.argv[2], 'utf8'));
+"""
+EVAL_SCRIPT = r"""
 const [first, later] = JSON.parse(process.argv[3]);
 const iteration = { type: 'iteration', iteration: 0, loss: 2.0, iteration_s: 0.1, throughput: 80.0 };
 const job = { status: 'running', iterations: 4, eval: [first] };
-const send = (msg) => sockets[0].on.message({ data: JSON.stringify(msg) });
 send({ type: 'snapshot', job, iterations: [iteration], steps: [], devices: {}, log: [] });
 const loaded = calls.length;
 send({ type: 'batch', messages: [{ type: 'eval', ...later }] });
@@ -141,15 +126,7 @@ SCORE = {"iteration": 1, "loss": 1.2, "accuracy": 0.5, "perplexity": None, "samp
     ],
 )  # fmt: skip
 def test_the_live_page_draws_held_out_scores_then_appends_new_ones(tmp_path, first, later, axis, shown):
-    node = shutil.which("node")
-    if node is None:
-        pytest.skip("node is not installed")
-    harness = tmp_path / "eval_page.js"
-    harness.write_text(EVAL_PAGE)
-    out = subprocess.run([node, str(harness), str(ROOT / "static/js/live.js"), json.dumps([first, later])],
-                         capture_output=True, text=True, timeout=30)  # fmt: skip
-    assert out.returncode == 0, out.stderr
-    calls = json.loads(out.stdout)
+    calls = run_live_js(tmp_path, EVAL_PAGE, EVAL_SCRIPT, json.dumps([first, later]))
     loss, scores = [[c for c in calls["loaded"] if c["div"] == div][-1] for div in ("loss-chart", "eval-chart")]
     assert [t["name"] for t in loss["data"]] == ["training", "held-out"]
     assert loss["data"][1]["x"] == [2] and loss["data"][1]["y"] == [1.2]  # after iteration 1 (0-based): x = 2
@@ -163,26 +140,14 @@ def test_the_live_page_draws_held_out_scores_then_appends_new_ones(tmp_path, fir
 
 
 PROGRESS_PAGE = r"""
-const fs = require('fs');
 const element = (id, dataset) => ({ id, dataset: dataset || {}, textContent: '', classList: new Set() });
 const page = { live: element('live', { wsUrl: '/ws/jobs/1/', devices: '[]', predicted: '0', iterations: '40' }),
                'job-progress': element('job-progress'), 'job-progress-bar': element('job-progress-bar'),
                'job-eta': element('job-eta') };
-const sockets = [];
 global.window = { addEventListener() {} };
-global.document = { readyState: 'complete', getElementById: (id) => page[id] || null, querySelectorAll: () => [],
-                    querySelector: () => null };
-global.location = { protocol: 'http:', host: '127.0.0.1:8000' };
-const timers = [];
-global.setTimeout = (fn) => timers.push(fn);
-global.clearTimeout = () => {};
-global.WebSocket = class {
-  constructor() { this.on = {}; sockets.push(this); }
-  addEventListener(kind, fn) { this.on[kind] = fn; }
-};
-eval(fs.readFileSync(process.argv[2], 'utf8'));
+"""
+PROGRESS_SCRIPT = r"""
 const it = (k) => ({ type: 'iteration', iteration: k, loss: 1.0, iteration_s: 0.1, throughput: 80.0 });
-const send = (msg) => sockets[0].on.message({ data: JSON.stringify(msg) });
 const shown = [];
 send({ type: 'snapshot', job: { status: 'running', iterations: 40 }, iterations: [...Array(19).keys()].map(it),
        steps: [], devices: {}, log: [] });
@@ -199,15 +164,11 @@ console.log(JSON.stringify(shown));
 
 
 def test_the_live_page_says_a_resumed_run_is_replaying_and_where(tmp_path):
-    node = shutil.which("node")
-    if node is None:
-        pytest.skip("node is not installed")
-    harness = tmp_path / "progress_page.js"
-    harness.write_text(PROGRESS_PAGE)
-    out = subprocess.run([node, str(harness), str(ROOT / "static/js/live.js")], capture_output=True, text=True,
-                         timeout=30)  # fmt: skip
-    assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout) == [["19 / 40", 19], ["19 / 40 · replaying 6 of 19", 19], ["20 / 40", 20]]
+    assert run_live_js(tmp_path, PROGRESS_PAGE, PROGRESS_SCRIPT) == [
+        ["19 / 40", 19],
+        ["19 / 40 · replaying 6 of 19", 19],
+        ["20 / 40", 20],
+    ]
 
 
 def test_the_live_page_measures_each_device_against_its_planned_compute(

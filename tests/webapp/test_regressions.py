@@ -2,7 +2,6 @@
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.webapp.livepage import run_live_js
 from tests.webapp.test_startsite import alive
 from webapp.children import spawn, stop
 
@@ -224,7 +224,6 @@ def test_the_job_socket_takes_only_its_own_origin_scheme_host_and_port(bob, sett
 
 # static/js/live.js in node over a stub page: a Plotly that records what it is given, a WebSocket the test drives.
 LIVE_PAGE = r"""
-const fs = require('fs');
 class Classes extends Set { remove(c) { this.delete(c); } }
 const made = {};
 function element(id, dataset) {
@@ -234,20 +233,10 @@ const page = {
   live: element('live', { wsUrl: '/ws/jobs/1/', devices: '[]', predicted: '0', iterations: '2' }),
   'job-status': element('job-status'), 'job-message': element('job-message'), 'timeline-chart': element('t'),
 };
-const sockets = [], timers = [], drawn = [];
+const drawn = [];
 global.window = { Plotly: { react: (div, data, layout) => drawn.push({ data, layout }) }, addEventListener() {} };
-global.Plotly = window.Plotly;
-global.document = { readyState: 'complete', getElementById: (id) => page[id] || null, querySelectorAll: () => [],
-                    querySelector: () => null };
-global.location = { protocol: 'http:', host: '127.0.0.1:8000' };
-global.setTimeout = (fn) => timers.push(fn);
-global.clearTimeout = () => {};
-global.WebSocket = class {
-  constructor(url) { this.url = url; this.on = {}; sockets.push(this); }
-  addEventListener(kind, fn) { this.on[kind] = fn; }
-  close() {}
-};
-eval(fs.readFileSync(process.argv[2], 'utf8'));
+"""
+LIVE_SCRIPT = r"""
 const evil = process.argv[3], code = Number(process.argv[4]);
 const step = { device: evil, kind: evil, peer: evil, micro_batch: 0, stage: 0, iteration: 0, start: 0, end: 0.1 };
 const snapshot = { type: 'snapshot', job: { status: 'running' }, steps: [step], iterations: [], devices: {}, log: [] };
@@ -261,16 +250,7 @@ console.log(JSON.stringify({ gantt: drawn[drawn.length - 1], sockets: sockets.le
 
 
 def _live_page(tmp_path, evil: str, code: int) -> dict:
-
-    node = shutil.which("node")
-    if node is None:
-        pytest.skip("node is not installed")
-    harness = tmp_path / "live_page.js"
-    harness.write_text(LIVE_PAGE)
-    out = subprocess.run([node, str(harness), str(ROOT / "static/js/live.js"), evil, str(code)],
-                         capture_output=True, text=True, timeout=30)  # fmt: skip
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
+    return run_live_js(tmp_path, LIVE_PAGE, LIVE_SCRIPT, evil, str(code))
 
 
 # The live page put agent-supplied names (device, step kind, peer) into Plotly's hover text and tick labels as
