@@ -1,23 +1,29 @@
 """The whole system as `make run` starts it (embedded Redis, daphne, Celery with beat, emulated agents of a
-cluster), in a private folder and database, for the end-to-end tests."""
+cluster), in a private folder and database, for the end-to-end tests; and a headless Chromium to watch it in."""
 
 from __future__ import annotations
 
-import json
 import os
+import shutil
 import subprocess
 import sys
 import time
-import urllib.request
+import warnings
 from pathlib import Path
 
 import pytest
 
 from workers.device import free_port
+from workers.testbed.lab import end, site_api
 
 ROOT = Path(__file__).resolve().parents[2]
 ADMIN_PASSWORD = "e2e-admin-password-1"
 READY = "Press Ctrl-C to stop."
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                  "--no-first-run", "--disable-quic", "--disable-sync"]  # fmt: skip
+# Screenshots of the main pages: into docs/screenshots with ASTEROID_SCREENSHOTS=1, else the test's folder.
+SHOTS = ROOT / "docs" / "screenshots" if os.environ.get("ASTEROID_SCREENSHOTS") else None
 
 
 class System:
@@ -31,12 +37,7 @@ class System:
         return out.stdout
 
     def api(self, path: str, body: dict | None = None) -> dict:
-        data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(self.url + path, data=data, method="POST" if data is not None else "GET")
-        request.add_header("Authorization", f"Bearer {self.token}")
-        request.add_header("Content-Type", "application/json")
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return json.loads(response.read())
+        return site_api(self.url, self.token, path, body)
 
     def wait(self, what: str, check, timeout: float, every: float = 0.5):
         """Poll `check()` until it returns something truthy; fail with the launcher's log tail otherwise."""
@@ -91,12 +92,7 @@ def start_system(env: dict, log: Path) -> System:
 
 
 def stop_system(system: System) -> None:
-    system.proc.terminate()
-    try:
-        system.proc.wait(30)
-    except subprocess.TimeoutExpired:
-        system.proc.kill()
-        system.proc.wait()
+    end(system.proc)
 
 
 @pytest.fixture(scope="module")
@@ -109,3 +105,44 @@ def system(tmp_path_factory, profile_cache):
         yield system
     finally:
         stop_system(system)
+
+
+@pytest.fixture
+def browser(monkeypatch):
+    """Debian's headless Chromium, driven by Playwright's sync API; the test is skipped, with a warning, where
+    there is none."""
+    if not Path(CHROMIUM).exists():
+        reason = "BROWSER TEST SKIPPED: no chromium (make test installs Debian's chromium where it runs as root)"
+        warnings.warn(reason, stacklevel=1)
+        pytest.skip(reason)
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # Playwright's sync API runs an event loop
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+        yield browser
+        browser.close()
+
+
+def watched(page):
+    """The page, with the script errors it meets in `page.errors`."""
+    page.set_default_timeout(30_000)
+    page.errors = []
+    page.on("pageerror", lambda exc: page.errors.append(str(exc)))
+    return page
+
+
+def log_in(page, system: System, username: str = "admin", password: str = ADMIN_PASSWORD):
+    """The page, logged in to the site (on its home page)."""
+    page.goto(system.url + "/accounts/login/")
+    page.fill("#id_username", username)
+    page.fill("#id_password", password)
+    page.click("button[type=submit]")
+    page.wait_for_url(system.url + "/")
+    return page
+
+
+def logged_in(browser, system: System, username: str = "admin", password: str = ADMIN_PASSWORD, **context):
+    """A watched page in a new browser context (`context`: its options), logged in."""
+    page = browser.new_context(viewport={"width": 1366, "height": 1000}, **context).new_page()
+    return log_in(watched(page), system, username, password)

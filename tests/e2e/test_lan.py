@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 import psutil
 import pytest
 
-from webapp.embedded_redis import free_port
+from workers.device import free_port
 from workers.testbed import Testbed, available
 from workers.testbed.lab import Lab
 

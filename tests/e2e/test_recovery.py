@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import ADMIN_PASSWORD
-from tests.e2e.test_training import CHROMIUM, CHROMIUM_FLAGS, SHOTS
+from tests.e2e.conftest import SHOTS, log_in, watched
 
 JOB = {"model": "mobilenetv2", "dataset": "synthetic", "batch_size": 64, "iterations": 8}
 
@@ -105,67 +104,55 @@ def test_an_administrator_removes_then_adds_a_device_and_nothing_is_replayed(sys
 
 
 @pytest.mark.parametrize("rank", [0, 1], ids=["rank-0", "another-rank"])
-def test_a_staff_member_kills_a_device_from_the_live_page_and_watches_the_recovery(system, tmp_path, monkeypatch, rank):
-    if not Path(CHROMIUM).exists():
-        pytest.skip("no chromium (make test installs Debian's chromium where it runs as root)")
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    from playwright.sync_api import expect, sync_playwright
+def test_a_staff_member_kills_a_device_from_the_live_page_and_watches_the_recovery(system, browser, tmp_path, rank):
+    from playwright.sync_api import expect
 
     job = planned(system, {"iterations": 10})
     assert len(job["devices"]) > rank, job["plan"]
     system.api(f"/api/jobs/{job['id']}/launch/", {})
     shots = (SHOTS or tmp_path) if rank == 0 else tmp_path  # the README shows rank 0's
     shots.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
-        page = browser.new_page(viewport={"width": 1366, "height": 1000})
-        page.set_default_timeout(30_000)
-        errors: list[str] = []
-        page.on("pageerror", lambda exc: errors.append(str(exc)))
-        page.on("dialog", lambda dialog: dialog.accept())  # the kill button asks for confirmation
-        page.goto(system.url + "/")
-        page.fill("#id_username", "admin")
-        page.fill("#id_password", ADMIN_PASSWORD)
-        page.click("button[type=submit]")
-        page.goto(system.url + f"/jobs/{job['id']}/live/")
-        points = "() => (document.getElementById('throughput-chart').data || [{x: []}])[0].x.length"
-        page.wait_for_function(f"{points} >= 2", timeout=240_000)
-        victim = job["devices"][rank]
-        page.evaluate("""() => {  // every status the page shows, however briefly (recovering lasts seconds)
-            const el = document.getElementById('job-status');
-            window.seenStatuses = [el.textContent];
-            new MutationObserver(() => window.seenStatuses.push(el.textContent))
-                .observe(el, {childList: true, characterData: true, subtree: true});
-        }""")
-        page.click(f'form.kill-device button[data-device="{victim}"]')
-        row = page.locator(f'#device-states tr[data-device="{victim}"] .state')
-        expect(row).to_have_text("lost", timeout=30_000)
-        expect(row).to_have_class("state state-lost")
-        expect(page.locator("#event-log")).to_contain_text(f"device {victim} lost at iteration", timeout=30_000)
-        expect(page.locator("#event-log")).to_contain_text("re-planned in", timeout=60_000)
-        expect(page.locator("#event-log")).to_contain_text("recovered:", timeout=120_000)
-        marks = "() => (document.getElementById('throughput-chart').layout.shapes || []).length"
-        page.wait_for_function(f"{marks} >= 2")  # the loss and the recovery
-        # the page follows the new plan without a reload: the header, the buttons, the prediction, the Add list
-        now = system.api(f"/api/jobs/{job['id']}/")
-        survivors = {d["name"] for st in now["plan"]["stages"] for d in st["devices"]}
-        expect(page.locator("#device-count")).to_have_text(str(len(survivors)))
-        expect(page.locator(f'#device-states tr[data-device="{victim}"] form')).to_have_count(0)
-        expect(page.locator(f'#device-states tr[data-device="{victim}"] td.speed')).to_have_text("–")
-        for name in survivors:
-            expect(page.locator(f'#device-states tr[data-device="{name}"] form.kill-device')).to_have_count(1)
-        steps = "() => document.getElementById('throughput-chart').data[1].x.length"
-        page.wait_for_function(f"{steps} >= 4")  # the first plan's prediction, then the new one's
-        idle = page.locator("form.add-device select option", has_text=victim)
-        expect(idle).to_have_count(1, timeout=30_000)  # its agent lives on: free to be added back
-        page.screenshot(path=str(shots / "recovery.png"), full_page=True)
-        expect(page.locator("#job-status")).to_have_text("completed", timeout=240_000)
-        seen = page.evaluate("() => window.seenStatuses")
-        assert "recovering" in seen and seen.index("recovering") < len(seen) - 1, seen  # then running, completed
-        page.goto(system.url + f"/jobs/{job['id']}/")
-        expect(page.locator("#generations tbody tr")).to_have_count(2)
-        browser.close()
-    assert not errors, errors
+    page = watched(browser.new_page(viewport={"width": 1366, "height": 1000}))
+    page.on("dialog", lambda dialog: dialog.accept())  # the kill button asks for confirmation
+    log_in(page, system)
+    page.goto(system.url + f"/jobs/{job['id']}/live/")
+    points = "() => (document.getElementById('throughput-chart').data || [{x: []}])[0].x.length"
+    page.wait_for_function(f"{points} >= 2", timeout=240_000)
+    victim = job["devices"][rank]
+    page.evaluate("""() => {  // every status the page shows, however briefly (recovering lasts seconds)
+        const el = document.getElementById('job-status');
+        window.seenStatuses = [el.textContent];
+        new MutationObserver(() => window.seenStatuses.push(el.textContent))
+            .observe(el, {childList: true, characterData: true, subtree: true});
+    }""")
+    page.click(f'form.kill-device button[data-device="{victim}"]')
+    row = page.locator(f'#device-states tr[data-device="{victim}"] .state')
+    expect(row).to_have_text("lost", timeout=30_000)
+    expect(row).to_have_class("state state-lost")
+    expect(page.locator("#event-log")).to_contain_text(f"device {victim} lost at iteration", timeout=30_000)
+    expect(page.locator("#event-log")).to_contain_text("re-planned in", timeout=60_000)
+    expect(page.locator("#event-log")).to_contain_text("recovered:", timeout=120_000)
+    marks = "() => (document.getElementById('throughput-chart').layout.shapes || []).length"
+    page.wait_for_function(f"{marks} >= 2")  # the loss and the recovery
+    # the page follows the new plan without a reload: the header, the buttons, the prediction, the Add list
+    now = system.api(f"/api/jobs/{job['id']}/")
+    survivors = {d["name"] for st in now["plan"]["stages"] for d in st["devices"]}
+    expect(page.locator("#device-count")).to_have_text(str(len(survivors)))
+    expect(page.locator(f'#device-states tr[data-device="{victim}"] form')).to_have_count(0)
+    expect(page.locator(f'#device-states tr[data-device="{victim}"] td.speed')).to_have_text("–")
+    for name in survivors:
+        expect(page.locator(f'#device-states tr[data-device="{name}"] form.kill-device')).to_have_count(1)
+    steps = "() => document.getElementById('throughput-chart').data[1].x.length"
+    page.wait_for_function(f"{steps} >= 4")  # the first plan's prediction, then the new one's
+    idle = page.locator("form.add-device select option", has_text=victim)
+    expect(idle).to_have_count(1, timeout=30_000)  # its agent lives on: free to be added back
+    page.screenshot(path=str(shots / "recovery.png"), full_page=True)
+    expect(page.locator("#job-status")).to_have_text("completed", timeout=240_000)
+    seen = page.evaluate("() => window.seenStatuses")
+    assert "recovering" in seen and seen.index("recovering") < len(seen) - 1, seen  # then running, completed
+    page.goto(system.url + f"/jobs/{job['id']}/")
+    expect(page.locator("#generations tbody tr")).to_have_count(2)
+    assert not page.errors, page.errors
 
 
 def agent_pid(name: str) -> int:

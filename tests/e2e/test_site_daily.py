@@ -12,40 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import ADMIN_PASSWORD, ROOT
+from tests.e2e.conftest import CHROMIUM, ROOT, SHOTS, logged_in, watched
 from tests.e2e.test_recovery import ended, planned, reached
-from tests.e2e.test_training import CHROMIUM, CHROMIUM_FLAGS, SHOTS
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="no chromium (make test installs Debian's)")
-
-
-@pytest.fixture
-def browser(monkeypatch):
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # Playwright's sync API runs an event loop
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
-        yield browser
-        browser.close()
-
-
-def watched(page):
-    """The page, with the script errors it meets in `page.errors`."""
-    page.set_default_timeout(30_000)
-    page.errors = []
-    page.on("pageerror", lambda exc: page.errors.append(str(exc)))
-    return page
-
-
-def logged_in(browser, system, username="admin", password=ADMIN_PASSWORD, **context):
-    page = watched(browser.new_context(viewport={"width": 1366, "height": 1000}, **context).new_page())
-    page.goto(system.url + "/accounts/login/")
-    page.fill("#id_username", username)
-    page.fill("#id_password", password)
-    page.click("button[type=submit]")
-    page.wait_for_url(system.url + "/")
-    return page
 
 
 def test_the_enrollment_line_pasted_in_a_shell_brings_the_board_online(system, browser, tmp_path):

@@ -4,22 +4,12 @@ user does the same in a real headless Chromium (Debian's, driven by Playwright) 
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import warnings
-from pathlib import Path
 
-import pytest
 from websockets.sync.client import connect
 
-from tests.e2e.conftest import ADMIN_PASSWORD, ROOT
+from tests.e2e.conftest import SHOTS, log_in, watched
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                  "--no-first-run", "--disable-quic", "--disable-sync"]  # fmt: skip
-# Screenshots of the main pages: into docs/screenshots with ASTEROID_SCREENSHOTS=1, else the test's folder.
-SHOTS = ROOT / "docs" / "screenshots" if os.environ.get("ASTEROID_SCREENSHOTS") else None
 JOB = {"model": "mobilenetv2", "dataset": "synthetic", "batch_size": 32, "iterations": 3}
 
 
@@ -52,68 +42,51 @@ def test_a_script_trains_through_the_api_and_watches_the_socket(system):
     assert all(d["measured"]["emulated"] and d["measured"]["host_gflops"] > 0 for d in devices.values())
 
 
-def test_a_user_plans_launches_and_watches_a_job_in_chromium(system, tmp_path, monkeypatch):
-    if not Path(CHROMIUM).exists():
-        reason = "BROWSER TEST SKIPPED: no chromium (make test installs Debian's chromium where it runs as root)"
-        warnings.warn(reason, stacklevel=1)
-        pytest.skip(reason)
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # Playwright's sync API runs an event loop
-    from playwright.sync_api import expect, sync_playwright
+def test_a_user_plans_launches_and_watches_a_job_in_chromium(system, browser, tmp_path):
+    from playwright.sync_api import expect
 
     shots = SHOTS or tmp_path
     shots.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
-        page = browser.new_page(viewport={"width": 1366, "height": 900})
-        page.set_default_timeout(30_000)
-        errors: list[str] = []
-        page.on("pageerror", lambda exc: errors.append(str(exc)))
-        external: list[str] = []
-        page.on(
-            "request", lambda r: r.url.startswith(system.url) or r.url.startswith("data:") or external.append(r.url)
-        )
+    page = watched(browser.new_page(viewport={"width": 1366, "height": 900}))
+    external: list[str] = []
+    page.on("request", lambda r: r.url.startswith(system.url) or r.url.startswith("data:") or external.append(r.url))
+    log_in(page, system)
+    expect(page.locator("h1")).to_have_text("Asteroid")
 
-        page.goto(system.url + "/")
-        page.fill("#id_username", "admin")
-        page.fill("#id_password", ADMIN_PASSWORD)
-        page.click("button[type=submit]")
-        expect(page.locator("h1")).to_have_text("Asteroid")
+    page.goto(system.url + "/devices/")
+    expect(page.locator("#devices tbody tr")).to_have_count(6)
+    expect(page.locator("#devices .status-online")).to_have_count(6, timeout=20_000)
+    page.screenshot(path=str(shots / "devices.png"), full_page=True)
 
-        page.goto(system.url + "/devices/")
-        expect(page.locator("#devices tbody tr")).to_have_count(6)
-        expect(page.locator("#devices .status-online")).to_have_count(6, timeout=20_000)
-        page.screenshot(path=str(shots / "devices.png"), full_page=True)
+    page.goto(system.url + "/jobs/new/")
+    page.select_option("#id_model", "mobilenetv2")
+    page.fill("#id_batch_size", str(JOB["batch_size"]))
+    page.fill("#id_iterations", str(JOB["iterations"]))
+    page.click("#job-form button[type=submit]")
+    expect(page.locator("#launch")).to_be_visible(timeout=120_000)  # the page reloads once planned
+    expect(page.locator("#comparison tbody tr")).to_have_count(5)
+    expect(page.locator("#comparison tr.best td").first).to_have_text("asteroid")
+    for fig in ("fig-comparison", "fig-pipeline", "fig-memory", "fig-timeline"):
+        expect(page.locator(f'[data-figure-id="{fig}"] .main-svg').first).to_be_attached()
+    page.screenshot(path=str(shots / "plan.png"), full_page=True)
 
-        page.goto(system.url + "/jobs/new/")
-        page.select_option("#id_model", "mobilenetv2")
-        page.fill("#id_batch_size", str(JOB["batch_size"]))
-        page.fill("#id_iterations", str(JOB["iterations"]))
-        page.click("#job-form button[type=submit]")
-        expect(page.locator("#launch")).to_be_visible(timeout=120_000)  # the page reloads once planned
-        expect(page.locator("#comparison tbody tr")).to_have_count(5)
-        expect(page.locator("#comparison tr.best td").first).to_have_text("asteroid")
-        for fig in ("fig-comparison", "fig-pipeline", "fig-memory", "fig-timeline"):
-            expect(page.locator(f'[data-figure-id="{fig}"] .main-svg').first).to_be_attached()
-        page.screenshot(path=str(shots / "plan.png"), full_page=True)
+    page.click("#launch")
+    page.wait_for_url("**/live/")
+    points = "() => (document.getElementById('throughput-chart').data || [{x: []}])[0].x.length"
+    page.wait_for_function(f"{points} >= 1", timeout=180_000)
+    expect(page.locator("#device-states .state-training").first).to_be_attached()
+    expect(page.locator("#job-status")).to_have_text("completed", timeout=180_000)
+    page.wait_for_function(f"{points} >= {JOB['iterations']}")
+    expect(page.locator("#cancel-form")).to_be_hidden()
+    expect(page.locator("#download-model")).to_be_visible()
+    speeds = page.locator("#device-states td.speed")  # each device's compute against the plan's
+    expect(speeds).to_have_count(len(page.locator("#device-states tr").all()))
+    for k in range(speeds.count()):
+        expect(speeds.nth(k)).to_have_text(re.compile(r"^\d+ %$"))
+    assert page.locator("#event-log li").count() >= 3
+    page.screenshot(path=str(shots / "live.png"), full_page=True)
 
-        page.click("#launch")
-        page.wait_for_url("**/live/")
-        points = "() => (document.getElementById('throughput-chart').data || [{x: []}])[0].x.length"
-        page.wait_for_function(f"{points} >= 1", timeout=180_000)
-        expect(page.locator("#device-states .state-training").first).to_be_attached()
-        expect(page.locator("#job-status")).to_have_text("completed", timeout=180_000)
-        page.wait_for_function(f"{points} >= {JOB['iterations']}")
-        expect(page.locator("#cancel-form")).to_be_hidden()
-        expect(page.locator("#download-model")).to_be_visible()
-        speeds = page.locator("#device-states td.speed")  # each device's compute against the plan's
-        expect(speeds).to_have_count(len(page.locator("#device-states tr").all()))
-        for k in range(speeds.count()):
-            expect(speeds.nth(k)).to_have_text(re.compile(r"^\d+ %$"))
-        assert page.locator("#event-log li").count() >= 3
-        page.screenshot(path=str(shots / "live.png"), full_page=True)
-
-        page.goto(system.url + "/jobs/")
-        expect(page.locator("#jobs .status-completed").first).to_be_visible()
-        browser.close()
-    assert not errors, errors
+    page.goto(system.url + "/jobs/")
+    expect(page.locator("#jobs .status-completed").first).to_be_visible()
+    assert not page.errors, page.errors
     assert not external, f"pages fetched from outside the site: {external}"

@@ -19,6 +19,26 @@ READY = "Press Ctrl-C to stop."
 EMULATE = {"jetson-nano": "nano", "jetson-tx2": "tx2", "jetson-xavier-nx": "nx"}
 
 
+def site_api(url: str, token: str, path: str, body: dict | None = None) -> dict:
+    """The site's JSON API at `url` with an API token: GET `path`, or POST `body` to it."""
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url + path, data=data, method="POST" if data is not None else "GET")
+    request.add_header("Authorization", f"Bearer {token}")
+    request.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())
+
+
+def end(proc: subprocess.Popen) -> None:
+    """SIGTERM, and SIGKILL after 30 s."""
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 class Lab:
     """The site (`python -m webapp.startsite`) on `tb`'s bridge and one enrolled agent per (name, kind, board).
 
@@ -86,22 +106,12 @@ class Lab:
     def close(self) -> None:
         """Stop the agents, then the site."""
         for proc in [*self.agents.values(), *([self.proc] if self.proc else [])]:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            end(proc)
 
     # -- talking to it ----------------------------------------------------------------------------------
 
     def api(self, path: str, body: dict | None = None) -> dict:
-        data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(self.url + path, data=data, method="POST" if data is not None else "GET")
-        request.add_header("Authorization", f"Bearer {self.token}")
-        request.add_header("Content-Type", "application/json")
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return json.loads(response.read())
+        return site_api(self.url, self.token, path, body)
 
     def manage(self, *args: str) -> str:
         out = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=self.env, capture_output=True,
