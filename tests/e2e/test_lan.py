@@ -100,32 +100,40 @@ def board_in_plan(lab, job_id: int, last: bool = False) -> tuple[str, str]:
     return name, lab.board_of[name]
 
 
-def test_a_pulled_cable_is_recovered_and_the_board_comes_back_fenced(lab):
-    pulled = {}
-
-    def unplug(job_id):
-        pulled["device"], pulled["board"] = board_in_plan(lab, job_id)
-        lab.tb.unplug(pulled["board"])
-
+def run_faulted_job(lab, job: dict, fault, mend) -> tuple[dict, list[str], str | None]:
+    """`run_job` with `fault(job_id)` once iteration 2 is done: it does something to a board of the job and returns
+    that (device, board); `mend(board)` undoes it when the job ended, however it ended. The ended job, its log
+    lines and the device."""
+    faulted = []
     try:
-        final, lines = run_job(lab, {"iterations": 10}, during=unplug)
+        final, lines = run_job(lab, job, during=lambda job_id: faulted.append(fault(job_id)))
     finally:
-        if pulled:
-            lab.tb.plug(pulled["board"])
-            plugged = datetime.now(UTC)
+        for _device, board in faulted:
+            mend(board)
+    return final, lines, faulted[0][0] if faulted else None
+
+
+def test_a_pulled_cable_is_recovered_and_the_board_comes_back_fenced(lab):
+    def unplug(job_id):
+        device, board = board_in_plan(lab, job_id)
+        lab.tb.unplug(board)
+        return device, board
+
+    final, lines, device = run_faulted_job(lab, {"iterations": 10}, unplug, lab.tb.plug)
+    plugged = datetime.now(UTC)
     assert final["status"] == "completed", final["message"] + "\n" + "\n".join(lines)
     assert final["message"].startswith("10 iterations"), final["message"]
     assert [g["reason"] for g in final["generations"]] == ["start", "lost"], lines
-    lost = [line for line in lines if line.startswith(f"device {pulled['device']} lost at iteration")]
+    lost = [line for line in lines if line.startswith(f"device {device} lost at iteration")]
     assert lost and "no heartbeat" in lost[0], lines
 
     # plugged back, its agent is heard again (on its old socket or a new one) and the device is free for the next
     # job: its stale generation did nothing. (Online alone may still be the site's view of the dead socket.)
     def heard():
-        device = {d["name"]: d for d in lab.api("/api/devices/")["devices"]}[pulled["device"]]
-        return device["status"] == "online" and datetime.fromisoformat(device["last_heartbeat"]) > plugged
+        row = {d["name"]: d for d in lab.api("/api/devices/")["devices"]}[device]
+        return row["status"] == "online" and datetime.fromisoformat(row["last_heartbeat"]) > plugged
 
-    lab.wait(f"{pulled['device']} back online", heard, 90)
+    lab.wait(f"{device} back online", heard, 90)
     assert lab.api(f"/api/jobs/{final['id']}/")["status"] == "completed"
 
 
@@ -140,49 +148,38 @@ def test_a_link_flap_shorter_than_the_detection_window_evicts_no_one(lab):
 
 
 def test_a_frozen_board_is_detected_and_fenced_when_it_thaws(lab):
-    frozen = {}
-
     def freeze(job_id):
-        frozen["device"], frozen["board"] = board_in_plan(lab, job_id, last=True)
-        lab.tb.freeze(frozen["board"])
+        device, board = board_in_plan(lab, job_id, last=True)
+        lab.tb.freeze(board)
 
         def thaw_later():  # a hung board that comes back after it was replaced: its old generation is over
             time.sleep(20)
-            lab.tb.thaw(frozen["board"])
+            lab.tb.thaw(board)
 
         threading.Thread(target=thaw_later, daemon=True).start()
+        return device, board
 
-    try:
-        final, lines = run_job(lab, {"iterations": 10}, during=freeze)
-    finally:
-        if frozen:
-            lab.tb.thaw(frozen["board"])
+    final, lines, device = run_faulted_job(lab, {"iterations": 10}, freeze, lab.tb.thaw)
     assert final["status"] == "completed", final["message"] + "\n" + "\n".join(lines)
     assert [g["reason"] for g in final["generations"]] == ["start", "lost"], lines
-    lost = [line for line in lines if line.startswith(f"device {frozen['device']} lost at iteration")]
+    lost = [line for line in lines if line.startswith(f"device {device} lost at iteration")]
     assert lost and "no heartbeat" in lost[0], lines
 
 
 def test_a_throttled_board_is_measured_and_the_job_re_partitions(lab):
-    throttled = {}
-
     def throttle(job_id):
         # The fastest kind: an emulated board computes for real only a part of its dilated step time (the
         # dilation leaves every device headroom, the fastest kind least, about a third): 10 % of a core is too
         # little for it, as for a real board held to a tenth of its speed.
-        throttled["device"], throttled["board"] = "nx-0", lab.board_of["nx-0"]
         assert "nx-0" in lab.api(f"/api/jobs/{job_id}/")["devices"]
-        lab.tb.throttle(throttled["board"], 10)
+        lab.tb.throttle(lab.board_of["nx-0"], 10)
+        return "nx-0", lab.board_of["nx-0"]
 
-    try:
-        final, lines = run_job(lab, {"iterations": 14}, during=throttle)
-    finally:
-        if throttled:
-            lab.tb.unthrottle(throttled["board"])
+    final, lines, device = run_faulted_job(lab, {"iterations": 14}, throttle, lab.tb.unthrottle)
     assert final["status"] == "completed", final["message"] + "\n" + "\n".join(lines)
     assert "repartition" in [g["reason"] for g in final["generations"]], "\n".join(lines)
     said = [line for line in lines if line.startswith("re-partitioned after iteration")]
-    assert said and f"{throttled['device']} computes" in said[0], lines
+    assert said and f"{device} computes" in said[0], lines
 
 
 STRANGER = """
