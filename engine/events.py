@@ -26,68 +26,41 @@ A run's event stream is a sequence of messages, JSON-ready dicts with a `type`:
 field, keeping only the catalogue's fields: a UserError names the field and what is wrong. Times are
 device seconds unless a field ends in `real_s` (control-plane time, real seconds on the coordinator's host).
 Every event of a generation carries `generation` (a new one per membership change); a replayed iteration's
-event replaces the earlier one of the same number. A new kind is one dataclass here, added to `CATALOGUE`.
+event replaces the earlier one of the same number.
+
+Each kind carries what the rest of the system does with it, so that a new kind is one dataclass here, added
+to `CATALOGUE`: who sends it (`SENT_BY`: the site's agent protocol accepts the kinds of devices and agents,
+its coordinator stores its own), its one log sentence (`line()`, said by the CLI and the site's job log at
+`level()`), whether the live page's throughput chart marks it (`mark()`), and whether it changes the run's
+devices or plan (`CHANGE`: kept in the run's record). The site relays every kind to the job's browsers, which
+draw what they know and ignore the rest.
 """
 
 from __future__ import annotations
 
-import math
 import typing
-from dataclasses import MISSING, asdict, dataclass, field, fields
-from typing import Any, ClassVar
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
-from engine.errors import UserError
+from engine.changes import (
+    DeviceJoined,
+    DeviceLeft,
+    DeviceLost,
+    Recovered,
+    Repartition,
+    Replan,
+    Replay,
+    Restore,
+)
+from engine.eventbase import Event, EventError
 
 KINDS = ("F", "B", "W", "send", "recv", "all-reduce")  # the kinds of a step (W: a deferred weight gradient)
-MAX_INT = 2**63 - 1  # what a database's bigint column holds
-
-
-class EventError(UserError):
-    """A malformed event; the text says which field and why."""
-
-
-class Event:
-    """Base of the catalogue's dataclasses: the message form and its checked inverse."""
-
-    TYPE: ClassVar[str]
-    NON_NEGATIVE: ClassVar[tuple[str, ...]] = ()  # numeric fields that may not be below zero
-    FRACTIONS: ClassVar[tuple[str, ...]] = ()  # numeric fields between 0 and 1
-    UNSAID: ClassVar[tuple[str, ...]] = ()  # fields left out of the message while they hold their default
-
-    def to_message(self) -> dict:
-        """The event as a message of the event stream: `"type"` plus its fields."""
-        message = {"type": self.TYPE, **asdict(self)}  # type: ignore[call-overload]
-        for f in fields(self):  # type: ignore[arg-type]
-            if f.name in self.UNSAID and message[f.name] == f.default:
-                del message[f.name]
-        return message
-
-    @classmethod
-    def from_message(cls, doc: Any) -> Any:
-        """The event in `doc`, checked; fields outside the catalogue are dropped."""
-        if not isinstance(doc, dict):
-            raise EventError(f"an event must be an object, got {type(doc).__name__}")
-        if doc.get("type", cls.TYPE) != cls.TYPE:
-            raise EventError(f"expected a {cls.TYPE!r} event, got {doc.get('type')!r}")
-        values = {}
-        for name, (types, required) in _schema(cls).items():
-            if name not in doc:
-                if required:
-                    raise EventError(f"{cls.TYPE}: missing field {name!r}")
-                continue
-            value = doc[name]
-            _check(cls.TYPE, name, value, types)
-            if name in cls.NON_NEGATIVE and value is not None and value < 0:
-                raise EventError(f"{cls.TYPE}: field {name!r} must not be negative")
-            if name in cls.FRACTIONS and value is not None and not 0 <= value <= 1:
-                raise EventError(f"{cls.TYPE}: field {name!r} must be between 0 and 1")
-            values[name] = float(value) if float in types and type(value) is int else value
-        return cls(**values)
 
 
 @dataclass(frozen=True)
 class RunStart(Event):
     TYPE = "run-start"
+    SENT_BY = "launcher"
 
     plan: dict
     iterations: int
@@ -96,6 +69,7 @@ class RunStart(Event):
 @dataclass(frozen=True)
 class DeviceStart(Event):
     TYPE = "device-start"
+    LOG = "info"
     NON_NEGATIVE = ("rank", "stage")
 
     device: str
@@ -105,6 +79,9 @@ class DeviceStart(Event):
     pid: int = 0
     generation: int = 0
     setup_real_s: float = 0.0  # real seconds it took to form this generation's process groups
+
+    def line(self) -> str:
+        return f"{self.device} started: rank {self.rank}, stage {self.stage}, time dilation {self.dilation or 1:.1f}"
 
 
 @dataclass(frozen=True)
@@ -154,7 +131,7 @@ class Iteration(Event):
 class Eval(Event):
     """The model after an iteration, scored on the dataset's held-out split (forward only, through the pipeline)."""
 
-    TYPE = "eval"
+    TYPE = "eval"  # its line is the CLI's; the live page charts it instead
     NON_NEGATIVE = ("iteration", "samples", "device_s", "perplexity")
     FRACTIONS = ("accuracy",)
 
@@ -165,6 +142,21 @@ class Eval(Event):
     samples: int
     device_s: float  # device seconds the evaluation took (left out of the iterations' times)
     generation: int = 0
+
+    def score(self) -> str:
+        """The held-out score in words: accuracy or perplexity, and the loss."""
+        loss = "not finite" if self.loss is None else f"{self.loss:.4f}"
+        if self.accuracy is not None:
+            return f"accuracy {self.accuracy:.1%}, loss {loss}"
+        if self.perplexity is not None:
+            return f"perplexity {self.perplexity:.2f}, loss {loss}"
+        return f"loss {loss}"
+
+    def line(self) -> str:
+        return (
+            f"held-out after iteration {self.iteration + 1}: {self.score()} "
+            f"({self.samples} samples, {self.device_s:.2f} s device)"
+        )
 
 
 @dataclass(frozen=True)
@@ -204,12 +196,22 @@ class DeviceError(Event):
         if self.cause not in ("own", "peer"):
             raise EventError(f"device-error: cause must be 'own' or 'peer', got {self.cause!r}")
 
+    def level(self) -> str:
+        return "error" if self.cause == "own" else "warning"
+
+    def line(self) -> str:
+        where = f" during iteration {self.iteration + 1}" if self.iteration >= 0 else " while starting"
+        if self.cause == "own":
+            return f"device {self.device} failed{where}: {self.message}"
+        return f"{self.device} stopped{where}: {self.message}"
+
 
 @dataclass(frozen=True)
 class JobStopped(Event):
     """A device's part of a job ended without `device-done` or `device-error` of its own."""
 
     TYPE = "job-stopped"
+    SENT_BY = "agent"
     UNSAID = ("why",)
 
     device: str
@@ -220,6 +222,7 @@ class JobStopped(Event):
 @dataclass(frozen=True)
 class RunStop(Event):
     TYPE = "run-stop"
+    SENT_BY = "launcher"
     UNSAID = ("device", "iteration", "message")
 
     status: str  # completed or failed
@@ -227,124 +230,6 @@ class RunStop(Event):
     device: str = ""  # when it failed: the device that caused it, the iteration and why
     iteration: int = -1
     message: str = ""
-
-
-@dataclass(frozen=True)
-class DeviceLost(Event):
-    """A device died or stopped answering during `iteration` (1-based: the one in progress)."""
-
-    TYPE = "device-lost"
-    NON_NEGATIVE = ("detected_real_s",)
-
-    device: str
-    iteration: int
-    cause: str  # "died (SIGKILL)", "no heartbeat for 2.0 s", ...
-    detected_real_s: float = 0.0  # real seconds from the failure (or last heartbeat) to the coordinator noticing
-    generation: int = 0
-
-
-@dataclass(frozen=True)
-class Replan(Event):
-    """Generation `generation` trains `plan`; planning it took `planning_real_s`."""
-
-    TYPE = "replan"
-    NON_NEGATIVE = ("generation", "planning_real_s", "predicted_throughput", "start")
-
-    generation: int
-    plan: dict
-    planning_real_s: float
-    reason: str  # lost, left, joined, repartition, resumed
-    predicted_throughput: float = 0.0
-    start: int = 0  # the iterations already done when it starts (it trains iteration start + 1 on)
-
-
-@dataclass(frozen=True)
-class Restore(Event):
-    """`device` got layers [start, end) as of iteration `iteration` (completed) from `source`."""
-
-    TYPE = "restore"
-    NON_NEGATIVE = ("start", "end", "iteration", "bytes", "device_s")
-
-    device: str
-    start: int
-    end: int
-    source: str  # a device name, or "central" (the coordinator's replica), or "seed" (initial weights)
-    copy: str  # live, snapshot, replica, central, seed
-    iteration: int
-    bytes: int = 0
-    device_s: float = 0.0
-    generation: int = 0
-
-
-@dataclass(frozen=True)
-class Replay(Event):
-    """Iterations `first`..`last` (1-based, inclusive) run again after a rollback."""
-
-    TYPE = "replay"
-
-    first: int
-    last: int
-    generation: int = 0
-
-
-@dataclass(frozen=True)
-class Recovered(Event):
-    """The first iteration after a failure completed; what the recovery cost, split into its steps."""
-
-    TYPE = "recovered"
-    NON_NEGATIVE = (
-        "generation", "real_s", "device_s", "wall_s", "detection_real_s", "planning_real_s", "setup_real_s",
-        "restore_device_s", "replay_device_s", "throughput_before", "throughput_after",
-    )  # fmt: skip
-
-    generation: int
-    real_s: float  # control plane, real seconds: detection (until every survivor paused) + planning + new groups
-    device_s: float  # data plane, device seconds: restore + replayed compute (never added to real seconds)
-    wall_s: float = 0.0  # the host's wall clock from the failure to the interrupted iteration done again
-    detection_real_s: float = 0.0
-    planning_real_s: float = 0.0
-    setup_real_s: float = 0.0
-    restore_device_s: float = 0.0
-    replay_device_s: float = 0.0
-    iterations_lost: int = 0
-    throughput_before: float = 0.0
-    throughput_after: float = 0.0
-    summary: str = ""
-    iteration: int = 0  # the interrupted iteration (1-based), completed again
-
-
-@dataclass(frozen=True)
-class DeviceLeft(Event):
-    TYPE = "device-left"
-
-    device: str
-    iteration: int  # the last iteration it took part in (1-based)
-    generation: int = 0
-
-
-@dataclass(frozen=True)
-class DeviceJoined(Event):
-    TYPE = "device-joined"
-
-    device: str
-    kind: str
-    iteration: int  # it trains from the next iteration on (1-based: the last one before it joined)
-    generation: int = 0
-
-
-@dataclass(frozen=True)
-class Repartition(Event):
-    """Measured speeds drifted from the plan: `speeds` is each drifting device's measured slow-down factor;
-    `refitted` the probed devices whose latency-predictor correction was refitted on their measured steps."""
-
-    TYPE = "repartition"
-
-    iteration: int
-    speeds: dict
-    measured_iteration_s: float
-    predicted_iteration_s: float
-    generation: int = 0
-    refitted: list = field(default_factory=list)
 
 
 CATALOGUE: dict[str, type[Event]] = {
@@ -371,6 +256,22 @@ CATALOGUE: dict[str, type[Event]] = {
 }
 
 
+def sent_by(*senders: str) -> tuple[str, ...]:
+    """The kinds that `senders` ("device", "agent", "coordinator", "launcher") send, in catalogue order."""
+    return tuple(kind for kind, cls in CATALOGUE.items() if cls.SENT_BY in senders)
+
+
+def marked() -> tuple[str, ...]:
+    """The kinds the live page's throughput chart marks."""
+    return tuple(kind for kind, cls in CATALOGUE.items() if cls.mark is not Event.mark)
+
+
+def said(message: dict) -> str | None:
+    """The line of an event message (what the CLI prints), or None when its kind has none."""
+    kind = CATALOGUE.get(message.get("type"))
+    return kind.from_message(message).line() if kind is not None else None
+
+
 def parse(doc: Any, kinds: typing.Iterable[str] | None = None) -> Event:
     """The event in a message, checked against the catalogue (and limited to `kinds` when given)."""
     kind = doc.get("type") if isinstance(doc, dict) else None
@@ -378,43 +279,3 @@ def parse(doc: Any, kinds: typing.Iterable[str] | None = None) -> Event:
     if not isinstance(kind, str) or kind not in allowed:
         raise EventError(f"unknown event type {str(kind)[:40]!r}; expected one of {', '.join(allowed)}")
     return allowed[kind].from_message(doc)
-
-
-# -- checking fields -------------------------------------------------------------------------------------------
-
-_SCHEMAS: dict[type, dict[str, tuple[tuple[type, ...], bool]]] = {}
-
-
-def _schema(cls: type) -> dict[str, tuple[tuple[type, ...], bool]]:
-    """{field: (accepted types, required)} from the dataclass's annotations."""
-    if cls not in _SCHEMAS:
-        hints = typing.get_type_hints(cls)
-        schema = {}
-        for f in fields(cls):
-            hint = hints[f.name]
-            types = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, _UnionType) else (hint,)
-            required = f.default is MISSING and f.default_factory is MISSING
-            schema[f.name] = (tuple(typing.get_origin(t) or t for t in types), required)
-        _SCHEMAS[cls] = schema
-    return _SCHEMAS[cls]
-
-
-_UnionType = type(int | None)
-
-
-def _check(kind: str, name: str, value: Any, types: tuple[type, ...]) -> None:
-    if value is None and type(None) in types:
-        return
-    number = isinstance(value, int | float) and not isinstance(value, bool)
-    if bool in types:
-        ok = isinstance(value, bool)
-    elif int in types or float in types:
-        ok = number and (float in types or isinstance(value, int))
-        big = isinstance(value, int) and abs(value) > MAX_INT
-        if ok and (big or isinstance(value, float) and not math.isfinite(value)):
-            raise EventError(f"{kind}: field {name!r} must be a finite number within 64 bits, got {str(value)[:20]}")
-    else:
-        ok = isinstance(value, types)
-    if not ok:
-        expected = " or ".join(t.__name__ for t in types)
-        raise EventError(f"{kind}: field {name!r} has the wrong type ({type(value).__name__}; expected {expected})")

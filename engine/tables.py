@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from engine.devices import GIB, SHORT
+from engine.events import Eval
 from engine.plan import Plan
 from engine.simulator import Simulation
 
 
-def _table(header: list[str], rows: list[list[str]]) -> str:
+def table(header: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
     line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
     return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows)])
@@ -55,7 +56,7 @@ def plan_table(plan: Plan) -> str:
                 ]
             )
     idle = [d.name for d in cluster.devices if d.name not in set(plan.device_names)]
-    out = [head, "", _table(["stage", "layers", "device", "kind", "samples", "memory GiB used / avail"], rows)]
+    out = [head, "", table(["stage", "layers", "device", "kind", "samples", "memory GiB used / avail"], rows)]
     if idle:
         out.append(f"idle (not worth their communication): {', '.join(idle)}")
     if plan.compressed:
@@ -103,7 +104,7 @@ def comparison_table(results: dict[str, Plan | str], ideal: float) -> str:
             ]
         )
     header = ["method", "plan", "micro-batches", "iteration s", "samples/s", "of ideal", "asteroid speedup"]
-    return _table(header, rows) + f"\nideal (every device alone, no communication): {ideal:.1f} samples/s"
+    return table(header, rows) + f"\nideal (every device alone, no communication): {ideal:.1f} samples/s"
 
 
 def simulation_table(plan: Plan, sim: Simulation) -> str:
@@ -137,7 +138,7 @@ def simulation_table(plan: Plan, sim: Simulation) -> str:
             f"simulated {plan.schedule.upper()} iteration of the {plan.method} plan for {plan.model} "
             f"({plan.micro_batches} micro-batches of {plan.micro_batch_size})",
             "",
-            _table(header, rows),
+            table(header, rows),
             "",
             f"simulated: iteration {sim.iteration_s:.3f} s, {sim.throughput:.1f} samples/s, "
             f"bubble {100 * sim.bubble_fraction:.1f}%; cost model closed form {sim.predicted_iteration_s:.3f} s; "
@@ -152,50 +153,6 @@ def iteration_line(ev: dict, total: int) -> str:
     return (
         f"iteration {ev['iteration'] + 1}/{total}  loss {loss}  "
         f"{ev['throughput']:.1f} samples/s  ({ev['iteration_s'] * 1000:.1f} ms, device time)"
-    )
-
-
-def eval_score(ev: dict) -> str:
-    """An evaluation's headline: accuracy (classification) or perplexity (language), and the loss."""
-    loss = "not finite" if ev["loss"] is None else f"{ev['loss']:.4f}"
-    if ev["accuracy"] is not None:
-        return f"accuracy {ev['accuracy']:.1%}, loss {loss}"
-    if ev["perplexity"] is not None:
-        return f"perplexity {ev['perplexity']:.2f}, loss {loss}"
-    return f"loss {loss}"
-
-
-def eval_line(ev: dict) -> str:
-    """One line per held-out evaluation."""
-    return (
-        f"held-out after iteration {ev['iteration'] + 1}: {eval_score(ev)} "
-        f"({ev['samples']} samples, {ev['device_s']:.2f} s device)"
-    )
-
-
-CHANGE_LINES = ("device-lost", "recovered", "device-left", "device-joined", "repartition")
-
-
-def change_line(ev: dict) -> str:
-    """One line for a fault-tolerance event (a lost device, a recovery, a leave, a join, a re-partition)."""
-    kind = ev["type"]
-    if kind == "device-lost":
-        return (
-            f"{ev['device']} lost during iteration {ev['iteration']} ({ev['cause']}), "
-            f"survivors paused {ev['detected_real_s']:.2f} s after the failure"
-        )
-    if kind == "recovered":
-        return ev["summary"]
-    if kind == "device-left":
-        return f"{ev['device']} left after iteration {ev['iteration']}, its layers handed over"
-    if kind == "device-joined":
-        return f"{ev['device']} ({ev['kind']}) joined after iteration {ev['iteration']}"
-    speeds = ", ".join(f"{d} {f:.1f}x slower" for d, f in ev["speeds"].items())
-    refitted = ev.get("refitted") or []
-    learned = f"; predictions refitted for {', '.join(map(str, refitted))}" if refitted else ""
-    return (
-        f"re-partitioning after iteration {ev['iteration']}: {speeds} (iteration {ev['measured_iteration_s']:.3f} s "
-        f"measured, {ev['predicted_iteration_s']:.3f} s planned){learned}"
     )
 
 
@@ -226,9 +183,10 @@ def run_summary(result) -> str:
     evals = getattr(result, "evals", [])
     if evals:
         first, last = evals[0], evals[-1]
+        scores = [Eval.from_message(ev).score() for ev in (first, last)]
         lines.append(
-            f"held-out     after iteration {first['iteration'] + 1}: {eval_score(first)}; after iteration "
-            f"{last['iteration'] + 1}: {eval_score(last)} ({last['samples']} samples)"
+            f"held-out     after iteration {first['iteration'] + 1}: {scores[0]}; after iteration "
+            f"{last['iteration'] + 1}: {scores[1]} ({last['samples']} samples)"
         )
     K = getattr(result, "replicate_every", 0)
     if K:
@@ -249,7 +207,7 @@ def run_summary(result) -> str:
         d = result.devices.get(name, {})
         cap = (getattr(result, "cluster", None) or plan.cluster).device(name).memory_bytes
         rows.append([name, gib(d.get("peak_memory_bytes", 0)), gib(cap), str(d.get("late_steps", 0))])
-    lines += ["", _table(["device", "peak memory", "budget", "late steps"], rows)]
+    lines += ["", table(["device", "peak memory", "budget", "late steps"], rows)]
     if result.steps and result.late_steps > 0.05 * result.steps:
         lines.append(
             f"warning: {result.late_steps} of {result.steps} steps ran late: the host could not keep up; "

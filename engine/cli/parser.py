@@ -63,9 +63,38 @@ _PIPELINE_ARGUMENTS = {
 }
 
 
-def _pipeline_arguments(parser: argparse.ArgumentParser) -> None:
+def _pipeline_arguments(parser: argparse.ArgumentParser, leave_out: tuple[str, ...] = ()) -> None:
     for flag, options in _PIPELINE_ARGUMENTS.items():
-        parser.add_argument(flag, **options)
+        if flag not in leave_out:
+            parser.add_argument(flag, **options)
+
+
+def _bounded(kind: type, low: float, high: float):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if not low <= value <= high:
+            shown = [str(int(x)) if kind is int else f"{x:g}" for x in (low, high)]
+            raise argparse.ArgumentTypeError(f"must be from {shown[0]} to {shown[1]}, got {text}")
+        return value
+
+    return parse
+
+
+def _run_option_arguments(parser: argparse.ArgumentParser) -> None:
+    """A flag per run option a job's owner sets (engine.runtime.options.settable()): --lr, --seed, --schedule ..."""
+    from engine.runtime.options import settable
+
+    for name, spec in settable().items():
+        options = {"default": spec["default"], "help": f"{spec['help']} (default {spec['default']})"}
+        if spec["choices"]:
+            options["choices"] = [value for value, _ in spec["choices"]]
+        else:
+            options["type"] = _bounded(spec["type"], spec["low"], spec["high"])
+            options["metavar"] = "N" if spec["type"] is int else "X"
+        parser.add_argument("--" + name.replace("_", "-"), **options)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -105,7 +134,6 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--emulate", action="store_true", help="emulate the plan's devices here (time dilation)")
     t.add_argument("--dilation", type=_positive_float, help="wall seconds per device second (default: calibrated)")
     t.add_argument("--iterations", type=_positive_int, default=10, help="optimizer steps (default 10)")
-    t.add_argument("--lr", type=_positive_float, default=0.05, help="SGD learning rate (default 0.05)")
     t.add_argument(
         "--dataset",
         default="synthetic",
@@ -116,17 +144,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--data-dir", help="cifar10's folder (default $ASTEROID_DATA_DIR), the images' folder or the text file"
     )
     t.add_argument(
-        "--eval-every",
-        type=int,
-        default=0,
-        metavar="N",
-        help="score the dataset's held-out split every N iterations and after the last (default 0: never)",
-    )
-    t.add_argument(
         "--eval-samples", type=_positive_int, default=512, help="held-out samples scored, in whole batches (512)"
     )
-    _pipeline_arguments(t)
-    t.add_argument("--seed", type=int, default=0, help="seed of the weights and the batch order")
+    _pipeline_arguments(t, leave_out=("--schedule",))  # a run option (below): re-plans keep to it too
+    _run_option_arguments(t)
     t.add_argument("--timeout", type=_positive_float, default=30.0, help="seconds before a silent device is dead")
     t.add_argument("--save", help="write the trained model as one state_dict (torch.save) to this file")
     t.add_argument("--events", help="append every event as a JSON line to this file")

@@ -18,8 +18,10 @@ from engine.planners import PLANNERS, Problem
 
 def cmd_train(args: argparse.Namespace) -> int:
     from engine.compression import compression_text, parse_compression
+    from engine.events import said
     from engine.runtime.launcher import RunOptions, save_events, train
-    from engine.tables import CHANGE_LINES, change_line, eval_line, iteration_line, run_summary
+    from engine.runtime.options import settable
+    from engine.tables import iteration_line, run_summary
     from engine.trace import chrome_trace, side_by_side
     from engine.workloads import workload
 
@@ -78,8 +80,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if not args.resume:
         options = RunOptions(
             iterations=args.iterations,
-            lr=args.lr,
-            seed=args.seed,
+            **{name: getattr(args, name) for name in settable()},  # learning rate, seed, schedule, ...
             dataset=args.dataset,
             data_dir=args.data_dir,
             emulate=args.emulate,
@@ -87,10 +88,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             timeout_s=args.timeout,
             save_model=bool(args.save),
             generation=args.generation,
-            eval_every=args.eval_every,
             eval_samples=args.eval_samples,
             compression=None if args.plan else compression_text(*args.compression),  # a plan file: its own levels
-            schedule=args.schedule,  # what a re-plan may use (a plan file's own is kept until one)
         )
     else:
         options = replace(options, save_model=bool(args.save))
@@ -104,8 +103,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if not args.json and not tty:
         writers.append(lambda ev: ev["type"] == "iteration" and print(iteration_line(ev, args.iterations), flush=True))
     if not args.json:
-        writers.append(lambda ev: ev["type"] in CHANGE_LINES and print(change_line(ev), file=sys.stderr, flush=True))
-        writers.append(lambda ev: ev["type"] == "eval" and print(eval_line(ev), file=sys.stderr, flush=True))
+        writers.append(lambda ev: (line := said(ev)) and print(line, file=sys.stderr, flush=True))
     result = train(
         plan, w, options, on_event=lambda ev: [f(ev) for f in writers], progress=tty, faults=faults,
         run_dir=run_dir, replicate_every=args.replicate_every, resume=resume, detect_s=args.detect,

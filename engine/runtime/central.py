@@ -72,7 +72,9 @@ class CentralReplica:
         states = {}
         for part in self.central[t].values():
             states.update(part)
-        buf = layerstate.to_bytes({"iteration": t, "layers": states, "devices": self.generation.plan.device_names})
+        gen = self.generation
+        buf = layerstate.to_bytes({"iteration": t, "layers": states, "devices": gen.plan.device_names,
+                                   "generation": gen.number})  # fmt: skip
         _atomic(self.run_dir / "central.pt", buf)
 
 

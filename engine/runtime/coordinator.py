@@ -121,6 +121,7 @@ class Coordinator(Drift, Membership, CentralReplica):
         on_pids: Callable[[dict], None] | None = None,
         fleet: Fleet | None = None,
         store_host: str = "127.0.0.1",
+        first_generation: int | None = None,
     ):
         if options.compression is None:  # kept in run.json, so that a resumed run re-plans with it too
             options = replace(options, compression=plan_compression(plan.compression))
@@ -153,6 +154,11 @@ class Coordinator(Drift, Membership, CentralReplica):
         self.pending_leave = list(self.faults.leave)
         self.drift = 0
         self.resume = resume
+        # generations are numbered once over a run: a resumed one goes on from its central replica's (or from
+        # what the caller counted)
+        if first_generation is None:
+            first_generation = resume.get("generation", -1) + 1 if resume is not None else 0
+        self.first_generation = first_generation
         self.joined = 0
         self.fleet = fleet  # None: one local process per device (`train`); a site passes its agents' fleet
         self.store_host = store_host  # the address the devices reach the store at
@@ -266,14 +272,17 @@ class Coordinator(Drift, Membership, CentralReplica):
                 self.committed = t
                 copies = [Copy(CENTRAL, CENTRAL, t, 0, self.w.num_layers)]
                 pieces = restore_pieces(self.plan, t, copies)
-                gen = self._generation(0, self.plan, t, pieces)
+                gen = self._generation(self.first_generation, self.plan, t, pieces)
                 central = self._central_pieces(gen)
             else:
-                gen = self._generation(0, self.plan, 0, restore_pieces(self.plan, 0, [seed_copy(self.w.num_layers)]))
+                seed = restore_pieces(self.plan, 0, [seed_copy(self.w.num_layers)])
+                gen = self._generation(self.first_generation, self.plan, 0, seed)
                 central = {}
-            self.plans.append({"generation": 0, "plan": self.plan.to_dict(), "reason": "start", "start": gen.start})
+            reason = "start" if gen.number == 0 else "resumed"
+            first = {"generation": gen.number, "plan": self.plan.to_dict(), "reason": reason, "start": gen.start}
+            self.plans.append(first)
             for name in self.plan.device_names:
-                self._spawn(name, 0)
+                self._spawn(name, gen.number)
             self._publish(gen, central)
             try:
                 self._loop()

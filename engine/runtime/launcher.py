@@ -20,7 +20,7 @@ from engine.costmodel import Workload, score
 from engine.data import get_dataset
 from engine.devices import Cluster
 from engine.errors import UserError
-from engine.events import RunStart, RunStop, StepEvent
+from engine.events import CATALOGUE, RunStart, RunStop, StepEvent
 from engine.metrics import measured_iteration_s
 from engine.models import get_model
 from engine.plan import Plan
@@ -117,9 +117,6 @@ class RunResult:
         }
 
 
-CHANGES = ("device-lost", "replan", "restore", "replay", "recovered", "device-left", "device-joined", "repartition")
-
-
 def train(
     plan: Plan,
     workload: Workload,
@@ -163,7 +160,7 @@ def train(
             seen.add(ev["iteration"])
             loss = "diverged" if ev["loss"] is None else f"{ev['loss']:.3f}"
             bar.update(1, f"loss {loss}  {ev['throughput']:.1f} samples/s")
-        elif ev["type"] in CHANGES:
+        elif CATALOGUE[ev["type"]].CHANGE:
             changes.append({k: v for k, v in ev.items() if k != "plan"})
 
     coordinator = Coordinator(

@@ -4,16 +4,37 @@
     RunOptions.from_dict(options.to_dict()) == options      # what travels to an agent in `assign`
 
 It validates itself on construction, so a bad value is one clear UserError wherever it came from.
+
+The options a job's owner chooses are declared with `option(...)`: label, help and bounds. The site's job form
+(its fields, its API, what a job stores in `Job.options`) and `python -m engine train`'s flags follow from
+`settable()`, so a new one is a field here and the code that uses it.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
 from engine.errors import UserError
+from engine.fields import schema, wrong
 from engine.schedule import SCHEDULES
+
+
+def option(default: Any, label: str, help: str, low: float | None = None, high: float | None = None,
+           choices: tuple[tuple[str, str], ...] | None = None) -> Any:  # fmt: skip
+    """A run option a job's owner sets: the form field and the CLI flag are made from this (`settable()`).
+    `low`/`high` bound a number; `choices` are (value, label) pairs."""
+    return field(default=default, metadata={"label": label, "help": help, "low": low, "high": high,
+                                            "choices": choices})  # fmt: skip
+
+
+SCHEDULE_CHOICES = (
+    ("auto", "auto (the fastest simulated that fits)"),
+    ("1f1b", "1F1B"),
+    ("zb-h1", "ZB-H1 (zero bubble, 1F1B's memory)"),
+    ("zb-h2", "ZB-H2 (zero bubble, more activations held)"),
+)
+assert [c for c, _ in SCHEDULE_CHOICES[1:]] == list(SCHEDULES)
 
 
 @dataclass(frozen=True)
@@ -21,9 +42,9 @@ class RunOptions:
     """How to train a plan (what `python -m engine train` exposes)."""
 
     iterations: int = 10
-    lr: float = 0.05
-    momentum: float = 0.9
-    seed: int = 0
+    lr: float = option(0.05, "Learning rate", "SGD's learning rate", 1e-6, 10.0)
+    momentum: float = option(0.9, "Momentum", "SGD's momentum", 0.0, 0.999)
+    seed: int = option(0, "Seed", "the seed of the weights and of the batch order", 0, 2**31 - 1)
     dataset: str = "synthetic"
     data_dir: str | None = None
     dataset_size: int = 2048
@@ -33,16 +54,24 @@ class RunOptions:
     timeout_s: float = 30.0
     save_model: bool = False  # the devices return their stages' weights at the end
     generation: int = 0  # the rendezvous store prefix `asteroid/gen<generation>/`
-    eval_every: int = 0  # score the held-out split every this many iterations and after the last (0: never)
+    eval_every: int = option(
+        0, "Evaluate every (iterations)", "score the held-out split every N iterations and after the last; 0: never",
+        0, 100_000,
+    )  # fmt: skip
     eval_samples: int = 512  # at most this many held-out samples, in whole batches
     # the levels a re-plan may put on stage boundaries, as `--compression` takes them (None: the first plan's)
     compression: str | None = None
-    # the pipeline schedule a re-plan may use: "auto" (the planner simulates each) or one of engine.schedule's
-    schedule: str = "auto"
+    # the pipeline schedule, of the first plan and of every re-plan: auto simulates each and keeps the fastest
+    schedule: str = option(
+        "auto", "Schedule", "how each stage orders its forward and backward steps; the zero-bubble schedules split "
+        "the backward to fill the pipeline's idle time", choices=SCHEDULE_CHOICES,
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            _check_type(f.name, getattr(self, f.name), _TYPES[f.name])
+        for name, (types, _) in schema(RunOptions).items():
+            why = wrong(getattr(self, name), types)
+            if why:
+                raise UserError(f"run option {name} {why}")
         if self.iterations < 1:
             raise UserError(f"iterations must be at least 1, got {self.iterations}")
         if not self.lr > 0:
@@ -65,8 +94,13 @@ class RunOptions:
             from engine.compression import parse_compression  # torch: only when it is needed
 
             parse_compression(self.compression)
-        if self.schedule not in ("auto", *SCHEDULES):
-            raise UserError(f"schedule must be auto, {', '.join(SCHEDULES)}; got {self.schedule!r}")
+        for name, spec in settable().items():  # what the declarations bound
+            value, low, high = getattr(self, name), spec["low"], spec["high"]
+            allowed = [c for c, _ in spec["choices"] or ()]
+            if allowed and value not in allowed:
+                raise UserError(f"{name.replace('_', ' ')} must be one of {', '.join(allowed)}; got {value!r}")
+            if low is not None and not low <= value <= high:
+                raise UserError(f"{name.replace('_', ' ')} must be from {_show(low)} to {_show(high)}, got {value}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -76,44 +110,22 @@ class RunOptions:
         """Options from `to_dict()`'s form; missing keys take their defaults, unknown keys are an error."""
         if not isinstance(doc, dict):
             raise UserError(f"run options must be an object, got {type(doc).__name__}")
-        unknown = sorted(set(doc) - set(_TYPES))
+        unknown = sorted(set(doc) - set(schema(cls)))
         if unknown:
             raise UserError(f"unknown run option(s): {', '.join(map(str, unknown))}")
         return cls(**doc)
 
 
-# The value types each option accepts (None only where the default is None); ints are accepted as floats.
-_TYPES: dict[str, tuple[type, ...]] = {
-    "iterations": (int,),
-    "lr": (float,),
-    "momentum": (float,),
-    "seed": (int,),
-    "dataset": (str,),
-    "data_dir": (str, type(None)),
-    "dataset_size": (int,),
-    "emulate": (bool,),
-    "dilation": (float, type(None)),
-    "enforce_memory": (bool,),
-    "timeout_s": (float,),
-    "save_model": (bool,),
-    "generation": (int,),
-    "eval_every": (int,),
-    "eval_samples": (int,),
-    "compression": (str, type(None)),
-    "schedule": (str,),
-}
+def settable() -> dict[str, dict]:
+    """The options a job's owner sets, by name: {"type", "default", "label", "help", "low", "high", "choices"}.
+    (Looked up on every call, so a field added to RunOptions shows at once.)"""
+    types = schema(RunOptions)
+    return {
+        f.name: {"type": types[f.name][0][0], "default": f.default, **f.metadata}
+        for f in fields(RunOptions)
+        if f.metadata and f.default is not MISSING
+    }
 
 
-def _check_type(name: str, value: Any, types: tuple[type, ...]) -> None:
-    if value is None and type(None) in types:
-        return
-    if bool in types:
-        ok = isinstance(value, bool)
-    elif int in types:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    elif float in types:
-        ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    else:
-        ok = isinstance(value, types)
-    if not ok:
-        raise UserError(f"run option {name} must be {types[0].__name__}, got {value!r}")
+def _show(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"

@@ -741,18 +741,13 @@
   }
 
   // The coordinator's events: a mark on the throughput chart (the dip and the recovery); the log has their lines.
-  const MARKS = {
-    'device-lost': (m) => [m.iteration - 0.5, m.device + ' lost', '#c0392b'],
-    recovered: (m) => [m.iteration, 'recovered', '#1f8a4c'],
-    'device-left': (m) => [m.iteration + 0.5, m.device + ' left', '#b7791f'],
-    'device-joined': (m) => [m.iteration + 0.5, m.device + ' joined', '#2d5bd7'],
-  };
+  // An event the site says the throughput chart marks carries `mark` ({x, text, tone}: the event catalogue's).
+  const TONES = { bad: '#c0392b', good: '#1f8a4c', warn: '#b7791f', info: '#2d5bd7' };
 
   function addMark(msg) {
-    const make = MARKS[msg.type];
-    if (!make || !isNumber(msg.iteration)) return;
-    const [x, text, color] = make(msg);
-    live.marks.push({ x: x, text: text, color: color });
+    const mark = msg.mark;
+    if (!mark || !isNumber(mark.x)) return;
+    live.marks.push({ x: mark.x, text: String(mark.text || msg.type), color: TONES[mark.tone] || TONES.info });
   }
 
   function onMembership(msg) {
@@ -865,6 +860,7 @@
     }
     const handler = msg && HANDLERS[msg.type];
     if (handler) handler(msg);
+    else if (msg && msg.mark) onMembership(msg); // a kind this page has no handler for: its mark, if any
   }
 
   function handleMessage(event) {

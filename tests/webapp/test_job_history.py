@@ -74,21 +74,21 @@ def test_deleting_a_job_takes_its_events_and_files(client, bob, settings):
 def test_run_again_makes_a_new_job_of_the_same_settings(
     client, bob, cluster_c, profile_cache, django_capture_on_commit_callbacks
 ):
-    old = finished(bob, dataset="digits", batch_size=32, iterations=7, lr=0.02, bandwidth_mbps=200.0,
-                   compression="4", schedule="zb-h2", requested_devices=["nx-0", "tx2-0"])  # fmt: skip
+    old = finished(bob, dataset="digits", batch_size=32, iterations=7, bandwidth_mbps=200.0, compression="4",
+                   options={"lr": 0.02, "schedule": "zb-h2"}, requested_devices=["nx-0", "tx2-0"])  # fmt: skip
     client.force_login(bob)
     with django_capture_on_commit_callbacks(execute=True):
         response = client.post(f"/jobs/{old.pk}/again/")
     new = Job.objects.exclude(pk=old.pk).get()
     assert response.status_code == 302 and response["Location"] == f"/jobs/{new.pk}/"
-    same = ("model", "dataset", "batch_size", "iterations", "lr", "bandwidth_mbps", "compression", "schedule",
+    same = ("model", "dataset", "batch_size", "iterations", "option_values", "bandwidth_mbps", "compression",
             "requested_devices")  # fmt: skip
     assert all(getattr(new, k) == getattr(old, k) for k in same), [(k, getattr(new, k)) for k in same]
     assert new.owner == bob and new.status == "planned" and new.device_names  # planned afresh
 
 
 def test_jobs_compared_side_by_side(client, bob, carol):
-    a, b = finished(bob), finished(bob, lr=0.1)
+    a, b = finished(bob), finished(bob, options={"lr": 0.1})
     iterations(a, [2.0, 1.5, 1.2], 40.0)
     iterations(b, [2.0, 1.1, 0.7], 55.0)
     client.force_login(bob)

@@ -86,7 +86,7 @@ def test_finished_job_offers_model_and_trace(client, bob, settings):
 def test_the_live_page_has_a_held_out_chart_only_for_an_evaluated_job(client, bob):
     client.force_login(bob)
     plain = Job.objects.create(owner=bob, model="mobilenetv2", status="running")
-    scored = Job.objects.create(owner=bob, model="mobilenetv2", status="running", eval_every=5)
+    scored = Job.objects.create(owner=bob, model="mobilenetv2", status="running", options={"eval_every": 5})
     assert 'id="eval-chart"' not in client.get(f"/jobs/{plain.pk}/live/").content.decode()
     page = client.get(f"/jobs/{scored.pk}/live/").content.decode()
     assert 'id="eval-chart"' in page and "every 5 iterations" in page

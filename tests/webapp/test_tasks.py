@@ -55,7 +55,7 @@ def test_planning_runs_once(bob, cluster_c, profile_cache):
 def test_a_job_held_to_a_schedule_is_planned_and_run_under_it(bob, cluster_c, profile_cache):
     from webapp.jobs.coordinating import run_options
 
-    job = Job.objects.create(owner=bob, model="mobilenetv2", batch_size=64, iterations=2, schedule="zb-h1")
+    job = Job.objects.create(owner=bob, model="mobilenetv2", batch_size=64, iterations=2, options={"schedule": "zb-h1"})
     assert plan_job(job.pk) == "planned"
     job.refresh_from_db()
     assert len(job.plan["stages"]) > 1 and job.plan["schedule"] == "zb-h1"

@@ -12,11 +12,10 @@ import json
 import math
 
 from engine import events as catalogue
+from engine.fields import MAX_INT
 
 MAX_BATCH = 200
 MAX_DIGITS = 19  # an integer of more digits cannot be a count, a seq or an id (the database's bigint)
-# What a device's agent may report; `run-start` and `run-stop` are a launcher's.
-EVENT_TYPES = ("device-start", "step", "iteration", "eval", "device-done", "device-error", "job-stopped", "restore")
 
 
 class ProtocolError(ValueError):
@@ -31,7 +30,7 @@ def _field(msg: dict, name: str, types, optional: bool = False):
     value = msg[name]
     if not isinstance(value, types) or isinstance(value, bool) and bool not in _tuple(types):
         raise ProtocolError(f"{msg.get('type')}: field {name!r} has the wrong type ({type(value).__name__})")
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > catalogue.MAX_INT:
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
         raise ProtocolError(f"{msg.get('type')}: field {name!r} is out of range")
     return value
 
@@ -101,7 +100,9 @@ def _events(msg: dict) -> None:
     good, rejected = [], []
     for item in items:
         try:
-            item["event"] = catalogue.parse(item.get("event"), EVENT_TYPES).to_message()
+            # what devices and agents send (the catalogue says who sends what); a coordinator's or a launcher's
+            # kinds, or an unknown one, are rejected with the reason and acknowledged
+            item["event"] = catalogue.parse(item.get("event"), catalogue.sent_by("device", "agent")).to_message()
             good.append(item)
         except catalogue.EventError as exc:
             rejected.append((item["seq"], str(exc)))

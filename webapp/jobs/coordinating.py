@@ -36,9 +36,10 @@ from webapp.devices.agents import tell_agent
 from webapp.devices.models import Device
 from webapp.jobs.actions import enlist
 from webapp.jobs.artifacts import job_dir
-from webapp.jobs.ending import fail, finish, release
+from webapp.jobs.ending import fail, finish
 from webapp.jobs.models import Job, JobAction, JobDevice, JobEvent
-from webapp.jobs.notify import browser_event, job_log, notify
+from webapp.jobs.notify import job_log, notify
+from webapp.jobs.runevents import apply_event, device_state, move
 from workers.storelink import Gateway
 
 log = logging.getLogger(__name__)
@@ -47,8 +48,6 @@ log = logging.getLogger(__name__)
 DEVICE_EVENTS = ("device-start", "iteration", "device-done", "device-error", "job-stopped", "restore")
 # ... and the steps' measured compute, for drift: read as they come, not read again (a late one is one step less)
 MEASUREMENTS = ("step",)
-# What the coordinator itself reports.
-COORDINATOR_EVENTS = ("device-lost", "replan", "replay", "recovered", "device-left", "device-joined", "repartition")
 POLL_S = 0.05  # how often a coordinator reads new device events
 WATCH_S = 0.5  # how often the process looks for new jobs, cancelled jobs and administrators' actions
 OFFLINE_CHECK_S = 1.0
@@ -209,77 +208,17 @@ class RemoteFleet:
             _gateway.close(self.job_id)  # the run is over: its secret admits no one any more
 
 
-def apply_event(job_id: int, ev: dict) -> None:
-    """What one of the coordinator's own events means for the job: stored, its status, its devices, its log."""
-    kind = ev.get("type")
-    if kind not in COORDINATOR_EVENTS:
-        return  # the devices' events: the site stored and relayed them when their agents sent them
-    job = Job.objects.get(pk=job_id)
-    JobEvent.objects.create(job=job, device=ev.get("device", ""), type=kind, data=ev)
-    if kind == "device-lost":
-        _device_state(job, ev["device"], JobDevice.State.LOST)
-        release(Device.objects.filter(name=ev["device"], job=job))  # free for other jobs (or to be added back)
-        _move(job, Job.Status.RUNNING, Job.Status.RECOVERING, f"recovering: {ev['device']} lost during iteration "
-                                                             f"{ev['iteration']}")  # fmt: skip
-        job_log(job, f"device {ev['device']} lost at iteration {ev['iteration']} ({ev['cause']}); noticed in "
-                     f"{ev['detected_real_s']:.1f} s", "error")  # fmt: skip
-    elif kind == "replan":
-        plan, gen = ev["plan"], len(job.generations)  # the site's count (a resumed coordinator counts from 0)
-        stages = len(plan["stages"])
-        names = sorted({d["name"] for st in plan["stages"] for d in st["devices"]})
-        generations = [*job.generations, _generation(ev) | {"generation": gen}]
-        Job.objects.filter(pk=job.pk).update(plan=plan, generations=generations)
-        job_log(job, f"re-planned in {ev['planning_real_s']:.1f} s ({ev['reason']}): generation {gen}, {stages} "
-                     f"stage{'s' if stages > 1 else ''} on {', '.join(names)}, "
-                     f"{ev['predicted_throughput']:.1f} samples/s predicted")  # fmt: skip
-    elif kind == "replay":
-        which = f"iteration {ev['first']}" if ev["first"] == ev["last"] else f"iterations {ev['first']}-{ev['last']}"
-        job_log(job, f"rolled back: replaying {which}", "warning")
-    elif kind == "recovered":
-        _move(job, Job.Status.RECOVERING, Job.Status.RUNNING, "training")
-        job_log(job, f"recovered: {ev['summary']}")
-    elif kind == "device-left":
-        _device_state(job, ev["device"], JobDevice.State.LEFT)
-        release(Device.objects.filter(name=ev["device"], job=job))
-        job_log(job, f"device {ev['device']} left after iteration {ev['iteration']}, its layers handed over")
-    elif kind == "device-joined":
-        job_log(job, f"device {ev['device']} joined after iteration {ev['iteration']}")
-    elif kind == "repartition":
-        slow = ", ".join(f"{name} computes {factor:.1f}x its planned time" for name, factor in ev["speeds"].items())
-        job_log(job, f"re-partitioned after iteration {ev['iteration']}: {slow}; iterations took "
-                     f"{ev['measured_iteration_s']:.2f} s against {ev['predicted_iteration_s']:.2f} s predicted, so "
-                     "the plan now gives the slow devices less work", "warning")  # fmt: skip
-    notify(job.pk, browser_event(ev))
-
-
-def _generation(ev: dict) -> dict:
-    return {k: ev[k] for k in ("generation", "plan", "reason", "start", "planning_real_s", "predicted_throughput")}
-
-
-def _move(job: Job, old: str, new: str, message: str) -> None:
-    """`old` -> `new`, only if the job is still `old` (a cancel or a failure in between stays)."""
-    if Job.objects.filter(pk=job.pk, status=old).update(status=new, message=message):
-        notify(job.pk, {"type": "status", "status": new, "progress": job.progress, "message": message})
-
-
-def _device_state(job: Job, name: str, state: str) -> None:
-    if JobDevice.objects.filter(job=job, name=name).exclude(state=state).update(state=state):
-        notify(job.pk, {"type": "device", "device": name, "state": state})
-
-
 def run_options(job: Job):
     """The engine's run options of a job (the same for every device and for its coordinator)."""
     from engine.runtime.options import RunOptions
 
     return RunOptions(
+        **job.option_values,
         iterations=job.iterations,
-        lr=job.lr,
         dataset=job.dataset,
         emulate=job.emulated,
         timeout_s=settings.ASTEROID_RUN_TIMEOUT_S,
         save_model=True,
-        eval_every=job.eval_every,
-        schedule=job.schedule,
     )
 
 
@@ -303,6 +242,7 @@ def coordinator_for(job: Job):
         resume=resume,
         fleet=RemoteFleet(job.pk),
         detect_s=settings.ASTEROID_DETECT_S,
+        first_generation=len(job.generations),  # a restarted site's run goes on numbering its generations
     )
 
 
@@ -322,14 +262,15 @@ def coordinate(job_id: int, ready: threading.Event | None = None, registry: dict
         return "failed"
     at = coordinator.resume["iteration"] if coordinator.resume is not None else 0
     first = {
-        "generation": len(job.generations), "plan": job.plan, "reason": "resumed" if job.generations else "start",
-        "start": at, "planning_real_s": 0.0, "predicted_throughput": job.predicted_throughput or 0.0,
+        "generation": coordinator.first_generation, "plan": job.plan,
+        "reason": "resumed" if job.generations else "start", "start": at, "planning_real_s": 0.0,
+        "predicted_throughput": job.predicted_throughput or 0.0,
     }  # fmt: skip
     Job.objects.filter(pk=job.pk).update(generations=[*job.generations, first])
-    _move(job, Job.Status.RECOVERING, Job.Status.RUNNING, "training (resumed)")
+    move(job, Job.Status.RECOVERING, Job.Status.RUNNING, "training (resumed)")
     if job.generations:  # a coordinator ran this job before: the site restarted
         for name in job.device_names:  # their device processes start again (what they trained is in the replica)
-            _device_state(job, name, JobDevice.State.STARTING)
+            device_state(job, name, JobDevice.State.STARTING)
         where = "its central replica" if coordinator.resume is not None else "the seed: no central replica yet"
         job_log(job, f"the site restarted: the run resumes from iteration {at} ({where})", "warning")
     if registry is not None:

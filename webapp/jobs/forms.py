@@ -7,19 +7,13 @@ from django import forms
 from engine.data import PATH_DATASETS, dataset_names, train_size
 from engine.errors import UserError
 from engine.models import get_model, model_names
-from engine.runtime.options import RunOptions
-from engine.schedule import SCHEDULES
+from engine.runtime.options import RunOptions, settable
 from webapp.devices.models import Device
 from webapp.lib.fields import number, whole_number
 
 MAX_BATCH = 4096
 MAX_ITERATIONS = 100_000
 MAX_EPOCHS = 1000  # bounded so that epochs -> iterations stays a finite number (the iteration cap applies after)
-SCHEDULE_LABELS = {
-    "1f1b": "1F1B",
-    "zb-h1": "ZB-H1 (zero bubble, 1F1B's memory)",
-    "zb-h2": "ZB-H2 (zero bubble, more activations held)",
-}
 EVAL_SAMPLES = RunOptions().eval_samples  # what a job's evaluation scores at most, in whole batches
 
 
@@ -29,16 +23,7 @@ class JobForm(forms.Form):
     batch_size = whole_number(1, MAX_BATCH, initial=64)
     iterations = whole_number(1, MAX_ITERATIONS, initial=20, required=False)
     epochs = number(0.01, MAX_EPOCHS, required=False, help_text="Instead of iterations: passes over the data.")
-    lr = number(1e-6, 10.0, label="Learning rate", initial=0.05)
     bandwidth_mbps = number(0.1, 1e6, label="Bandwidth (Mbps)", initial=1000.0)
-    eval_every = whole_number(
-        0,
-        MAX_ITERATIONS,
-        label="Evaluate every (iterations)",
-        initial=0,
-        required=False,
-        help_text="Score the held-out split every N iterations and after the last; 0: never.",
-    )
     compression = forms.ChoiceField(
         choices=[
             ("off", "off (float32)"),
@@ -51,13 +36,6 @@ class JobForm(forms.Form):
         required=False,
         help_text="Bits per value of the activations and gradients sent between stages.",
     )
-    schedule = forms.ChoiceField(
-        choices=[("auto", "auto (the fastest simulated that fits)")] + [(s, SCHEDULE_LABELS[s]) for s in SCHEDULES],
-        initial="auto",
-        required=False,
-        help_text="How each stage orders its forward and backward steps; zero-bubble schedules split the backward "
-        "to fill the pipeline's idle time.",
-    )
     devices = forms.MultipleChoiceField(
         choices=[], required=False, widget=forms.CheckboxSelectMultiple, help_text="None ticked: every online device."
     )
@@ -67,21 +45,21 @@ class JobForm(forms.Form):
         self.fields["model"].choices = [(m, m) for m in model_names()]
         # the datasets read from a path on the devices are the CLI's: a job has no data folder yet
         self.fields["dataset"].choices = [(d, d) for d in dataset_names() if d not in PATH_DATASETS]
+        for name, spec in settable().items():  # the run options, from their declarations
+            self.fields[name] = option_field(spec)
+        self.order_fields(["model", "dataset", "batch_size", "iterations", "epochs", *settable()])
         self.fields["devices"].choices = [
             (d.name, f"{d.name} ({d.get_kind_display()}, {d.status})") for d in Device.objects.all()
         ]
 
-    def clean_eval_every(self):
-        return self.cleaned_data["eval_every"] or 0  # left empty: never
-
     def clean_compression(self):
         return self.cleaned_data["compression"] or "off"  # left out (an API request): off
 
-    def clean_schedule(self):
-        return self.cleaned_data["schedule"] or "auto"  # left out (an API request): auto
-
     def clean(self):
         data = super().clean()
+        for name, spec in settable().items():
+            if name in data and data[name] in (None, ""):  # left empty, or out of an API request: the default
+                data[name] = spec["default"]
         model, dataset, size = data.get("model"), data.get("dataset"), None
         if model and dataset:
             try:  # a dataset that cannot serve the model is an error
@@ -119,3 +97,14 @@ class JobForm(forms.Form):
                 "start the device agents (make run starts emulated ones) or wait for a running job.",
             )
         return data
+
+
+def option_field(spec: dict) -> forms.Field:
+    """A run option's form field from its declaration (engine.runtime.options.option): a bounded number or a
+    choice; optional, its default when left empty."""
+    sentence = spec["help"][:1].upper() + spec["help"][1:] + "."
+    common = {"label": spec["label"], "help_text": sentence, "initial": spec["default"], "required": False}
+    if spec["choices"]:
+        return forms.ChoiceField(choices=spec["choices"], **common)
+    low, high = spec["low"], spec["high"]
+    return whole_number(low, high, **common) if spec["type"] is int else number(low, high, **common)

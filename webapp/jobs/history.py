@@ -13,7 +13,7 @@ from django.views.decorators.http import require_POST
 from webapp.jobs import figures
 from webapp.jobs.artifacts import job_dir
 from webapp.jobs.models import Job, JobEvent
-from webapp.jobs.submit import REQUEST, submit, visible_job, visible_jobs
+from webapp.jobs.submit import request_of, submit, visible_job, visible_jobs
 
 PER_PAGE = 50
 COMPARED_AT_MOST = 6
@@ -36,7 +36,7 @@ def job_list(request):
 def job_again(request, job_id: int):
     """A new job with an earlier one's settings and devices, planned afresh (the devices may have changed)."""
     old = visible_job(request.user, job_id)
-    data = {k: getattr(old, k) for k in REQUEST}
+    data = request_of(old)
     data["devices"] = old.requested_devices
     job = submit(request.user, data)
     messages.info(request, f"Job {job.pk}: job {old.pk}'s settings again, being planned on today's devices.")
@@ -107,5 +107,9 @@ def job_compare(request):
             "final_loss": next((it["loss"] for it in reversed(its) if it.get("loss") is not None), None),
             "held_out": last_eval,
         })  # fmt: skip
-    context = {"rows": rows, "figures": figures.compare_figures(series)}
+    from engine.runtime.options import settable
+
+    options = [{"label": spec["label"], "values": [r["job"].option_values[name] for r in rows]}
+               for name, spec in settable().items()]  # fmt: skip
+    context = {"rows": rows, "options": options, "figures": figures.compare_figures(series)}
     return render(request, "jobs/compare.html", context)

@@ -7,6 +7,7 @@ import logging
 
 from django.db import transaction
 
+from engine import events
 from webapp.devices.models import Device
 from webapp.jobs.ending import fail, finish, release
 from webapp.jobs.models import Job, JobDevice, JobEvent
@@ -69,33 +70,30 @@ def _device_state(row: JobDevice, state: str, **fields) -> None:
 
 
 def _apply(row: JobDevice, ev: dict) -> None:
-    """What a (non-step) event means for the job and the device."""
+    """What a (non-step) event means for the job and the device; then its line in the job's log (the catalogue's
+    words) and the event to the job's browsers, whatever its kind."""
     job = Job.objects.get(pk=row.job_id)
-    kind = ev["type"]
+    kind, event = ev["type"], events.parse(ev)
+    said = event.level() is not None and event.line() is not None
     if kind == "device-start":
         _device_state(row, JobDevice.State.TRAINING)
-        job_log(job, f"{row.name} started: rank {ev.get('rank')}, stage {ev.get('stage')}, "
-                     f"time dilation {ev.get('dilation') or 1:.1f}")  # fmt: skip
     elif kind == "iteration" and job.status in Job.ACTIVE:
-        message = browser_event(ev)
         progress = min(1.0, (ev["iteration"] + 1) / job.iterations)
-        Job.objects.filter(pk=job.pk).update(latest=message, progress=progress)
-        notify(job.pk, message)
-    elif kind == "eval":  # stored with the others; the job's JSON reads it back (Job.eval_records)
-        notify(job.pk, browser_event(ev))
+        Job.objects.filter(pk=job.pk).update(latest=browser_event(ev), progress=progress)
+    elif kind == "iteration":
+        return  # the run is over: no progress, and nothing for its charts
     elif kind == "device-done":
         _device_state(row, JobDevice.State.DONE, result={k: v for k, v in ev.items() if k != "type"})
         if not JobDevice.objects.filter(job=job).exclude(state=JobDevice.State.DONE).exists():
             finish(job)
-    elif kind == "device-error":
-        where = f" during iteration {ev['iteration'] + 1}" if ev.get("iteration", -1) >= 0 else " while starting"
-        if ev.get("cause") == "own":
-            _device_state(row, JobDevice.State.FAILED, result={k: v for k, v in ev.items() if k != "type"})
-            if row.device_id:
-                Device.objects.filter(pk=row.device_id).update(status=Device.Status.FAILED)
-            fail(job, f"device {row.name} failed{where}: {ev.get('message')}", overrule=True)
-        elif job.status in Job.ACTIVE:  # the run's coordinator ended it, or recovers from the lost peer
-            job_log(job, f"{row.name} stopped{where}: {ev.get('message')}", "warning")
+    elif kind == "device-error" and ev.get("cause") == "own":
+        _device_state(row, JobDevice.State.FAILED, result={k: v for k, v in ev.items() if k != "type"})
+        if row.device_id:
+            Device.objects.filter(pk=row.device_id).update(status=Device.Status.FAILED)
+        fail(job, event.line(), overrule=True)  # which logs it
+        said = False
+    elif kind == "device-error":  # a lost peer: the run's coordinator ended it, or recovers from the loss
+        said = job.status in Job.ACTIVE
     elif kind == "job-stopped":
         unfinished = row.state not in (JobDevice.State.DONE, JobDevice.State.FAILED, JobDevice.State.LEFT)
         if unfinished and ev["reason"] == "left":  # the coordinator let it go (a leave, a plan without it)
@@ -107,3 +105,6 @@ def _apply(row: JobDevice, ev: dict) -> None:
         elif unfinished:
             _device_state(row, JobDevice.State.STOPPED)
         release(Device.objects.filter(pk=row.device_id, job=job))
+    if said:
+        job_log(job, event.line(), event.level())
+    notify(job.pk, browser_event(ev))

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from engine.errors import UserError
+from engine.events import marked
 from webapp.jobs.models import Job, JobDevice, JobEvent
 from webapp.jobs.notify import browser_event
 
 LOG_LINES = 200
 MAX_STEPS = 5000  # a bound on what one snapshot carries
-MEMBERSHIP = ("device-lost", "recovered", "device-left", "device-joined")  # marked on the throughput chart
 
 
 def iteration_messages(job: Job) -> list[dict]:
@@ -45,6 +45,7 @@ def snapshot(job: Job) -> dict:
         "iterations": iteration_messages(job),
         "steps": latest_steps(job),
         "devices": {r.name: r.state for r in JobDevice.objects.filter(job=job)},
-        "membership": readable(JobEvent.objects.filter(job=job, type__in=MEMBERSHIP).values_list("data", flat=True)),
+        # the events the throughput chart marks (a loss, a recovery, a leave, a join: the catalogue says which)
+        "membership": readable(JobEvent.objects.filter(job=job, type__in=marked()).values_list("data", flat=True)),
         "log": list(reversed(logs)),
     }

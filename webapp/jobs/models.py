@@ -44,11 +44,11 @@ class Job(models.Model):
     dataset = models.CharField(max_length=32, default="synthetic")
     batch_size = models.PositiveIntegerField(default=64)
     iterations = models.PositiveIntegerField(default=20)
-    lr = models.FloatField(default=0.05)
     bandwidth_mbps = models.FloatField(default=1000.0)
-    eval_every = models.PositiveIntegerField(default=0)  # score the held-out split every N iterations (0: never)
     compression = models.CharField(max_length=16, default="off")  # between stages: off, 8, 4, 2 or auto
-    schedule = models.CharField(max_length=8, default="auto")  # the pipeline schedule: auto or engine.schedule's
+    # The run options its owner set (engine.runtime.options.settable(): learning rate, schedule, ...), by name;
+    # `option_values` fills in the defaults.
+    options = models.JSONField(default=dict, blank=True)
     requested_devices = models.JSONField(default=list, blank=True, help_text="Names; empty: every online device.")
     # Where it stands.
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED, db_index=True)
@@ -94,6 +94,13 @@ class Job(models.Model):
         if field not in cache or cache[field][0] is not doc:  # `job.plan = ...` or refresh_from_db() replaces it
             cache[field] = (doc, read(doc))
         return cache[field][1]
+
+    @property
+    def option_values(self) -> dict[str, Any]:
+        """Every settable run option's value (engine.runtime.options.settable()): what it set, else the default."""
+        from engine.runtime.options import settable
+
+        return {name: self.options.get(name, spec["default"]) for name, spec in settable().items()}
 
     @property
     def device_names(self) -> list[str]:
@@ -148,11 +155,9 @@ class Job(models.Model):
             "dataset": self.dataset,
             "batch_size": self.batch_size,
             "iterations": self.iterations,
-            "lr": self.lr,
             "bandwidth_mbps": self.bandwidth_mbps,
-            "eval_every": self.eval_every,
             "compression": self.compression,
-            "schedule": self.schedule,
+            **self.option_values,
             "devices": self.device_names or self.requested_devices,
             "status": self.status,
             "progress": self.progress,

@@ -77,7 +77,10 @@ def set_status(job: Job, status: str, message: str = "", progress: float | None 
 
 
 def browser_event(ev: dict) -> dict:
-    """A device's stored event as browsers get it: exactly the catalogue's fields (a step without its `type`,
-    since steps travel in lists under `{"type": "steps"}`)."""
+    """A stored event as browsers get it: exactly the catalogue's fields (a step without its `type`, since
+    steps travel in lists under `{"type": "steps"}`), and `mark` where the throughput chart marks its kind."""
     event = events.parse(ev)
-    return event.to_dict() if isinstance(event, events.StepEvent) else event.to_message()
+    if isinstance(event, events.StepEvent):
+        return event.to_dict()
+    mark = event.mark()
+    return {**event.to_message(), "mark": mark} if mark else event.to_message()

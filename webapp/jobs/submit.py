@@ -7,9 +7,14 @@ from django.http import Http404
 
 from webapp.jobs.models import Job
 
-# What a user asks for (the job form's fields, devices apart), kept on the job.
-REQUEST = ("model", "dataset", "batch_size", "iterations", "lr", "bandwidth_mbps", "eval_every", "compression",
-           "schedule")  # fmt: skip
+# What a user asks for (the job form's fields, devices and run options apart), kept on the job; the run options
+# (engine.runtime.options.settable()) go into `Job.options`.
+REQUEST = ("model", "dataset", "batch_size", "iterations", "bandwidth_mbps", "compression")
+
+
+def request_of(job: Job) -> dict:
+    """A job's settings as the job form takes them (to run it again, or to re-plan it)."""
+    return {**{k: getattr(job, k) for k in REQUEST}, **job.option_values}
 
 
 def visible_jobs(user):
@@ -28,9 +33,11 @@ def visible_job(user, job_id: int) -> Job:
 
 def submit(user, data: dict, job: Job | None = None) -> Job:
     """A new job (or `job` re-planned with new settings), queued for the planning task."""
+    from engine.runtime.options import settable
     from webapp.jobs.tasks import plan_job
 
     fields = {k: data[k] for k in REQUEST}
+    fields["options"] = {name: data[name] for name in settable() if name in data}
     fields["requested_devices"] = list(data.get("devices") or [])
     if job is None:
         job = Job.objects.create(owner=user, **fields)

@@ -19,7 +19,7 @@ from webapp.jobs import actions, ending, figures, launching, planning, rows
 from webapp.jobs.artifacts import model_path
 from webapp.jobs.forms import JobForm
 from webapp.jobs.models import Job, JobDevice, JobEvent, read_plan
-from webapp.jobs.submit import REQUEST, submit, visible_job
+from webapp.jobs.submit import request_of, submit, visible_job
 
 
 def _job(request, job_id: int) -> Job:
@@ -67,7 +67,7 @@ def job_detail(request, job_id: int):
         context["device_rows"] = rows.device_rows(plan)
     if job.launched_at is None and job.status in (Job.Status.PLANNED, Job.Status.FAILED):
         initial = {
-            **{k: getattr(job, k) for k in REQUEST},
+            **request_of(job),
             "devices": job.device_names or job.requested_devices,
         }
         context["replan_form"] = JobForm(initial=initial)

@@ -7,7 +7,7 @@ import os
 import platform
 
 # The CLI's table layout (private in engine/tables.py; imported under the name this module always used).
-from engine.tables import _table as table
+from engine.tables import table
 from workers.sitebench import GRACE_S, WINDOW_S
 
 
