@@ -1,4 +1,4 @@
-"""Entry point: `python -m engine plan|simulate|bench ...` (see engine/cli.py)."""
+"""Entry point: `python -m engine plan|simulate|bench ...` (see engine/cli/)."""
 
 from engine.cli import main
 

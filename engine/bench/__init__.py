@@ -1,5 +1,5 @@
 """Benchmarks, kept apart from the library: `python -m engine bench planner|reproduce|recovery|compression|predictor|
-spread|ideal|schedule` (arguments in engine/cli.py).
+spread|ideal|schedule` (arguments in engine/cli/parser.py).
 
 planner.py: planning time and every method's predicted throughput; reproduce.py: every method trained on emulated
 clusters A-D, and its summaries as plain data; render.py: those summaries as markdown and a Plotly figure.

@@ -32,7 +32,7 @@ def test_cluster_c_devices_and_names():
 
 
 def test_jetson_facts():
-    # DESIGN.md: Nano 4 GB ~0.47 TFLOPS, TX2 8 GB ~1.33, Xavier NX 8 GB ~1.69 (FP16 peak).
+    # The Jetson figures (docs/planning.md): Nano 4 GB ~0.47 TFLOPS, TX2 8 GB ~1.33, Xavier NX 8 GB ~1.69 (FP16 peak).
     assert (KINDS["jetson-nano"].memory_gb, KINDS["jetson-nano"].gflops) == (4.0, 472.0)
     assert (KINDS["jetson-tx2"].memory_gb, KINDS["jetson-tx2"].gflops) == (8.0, 1330.0)
     assert (KINDS["jetson-xavier-nx"].memory_gb, KINDS["jetson-xavier-nx"].gflops) == (8.0, 1690.0)
