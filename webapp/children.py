@@ -1,12 +1,15 @@
-"""Child processes that die with their parent and are stopped, with their own children, politely then firmly."""
+"""Child processes that die with their parent, are started again when they crash, and are stopped with their own
+children, politely then firmly."""
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import os
 import signal
 import subprocess
 import sys
+import time
 
 PR_SET_PDEATHSIG = 1
 
@@ -43,3 +46,42 @@ def stop(proc: subprocess.Popen, timeout: float = 10.0) -> int:
     _signal_group(proc, signal.SIGKILL)  # whatever of the group is still there, leader included
     proc.wait()
     return proc.returncode
+
+
+class CrashLoop(Exception):
+    """A supervised child that keeps exiting: starting it again would not help."""
+
+
+class Supervised:
+    """A child started again whenever it exits unasked, until it has exited `limit` times within `window_s`
+    (then it is broken, not unlucky: CrashLoop)."""
+
+    def __init__(self, name: str, args: list[str], limit: int = 5, window_s: float = 60.0, **kwargs):
+        self.name, self.args, self.kwargs = name, args, kwargs
+        self.limit, self.window_s = limit, window_s
+        self.exits: collections.deque[float] = collections.deque()
+        self.proc = spawn(args, **kwargs)
+
+    def revive(self) -> str | None:
+        """None while it runs; once it has exited, start it again and say so in a line (CrashLoop instead when
+        it exited `limit` times within `window_s`)."""
+        code = self.proc.poll()
+        if code is None:
+            return None
+        now = time.monotonic()
+        self.exits.append(now)
+        while self.exits and now - self.exits[0] > self.window_s:
+            self.exits.popleft()
+        how = f"exited with code {code}" if code >= 0 else f"was killed ({_signal_name(-code)})"
+        if len(self.exits) >= self.limit:
+            raise CrashLoop(f"{self.name} {how} ({len(self.exits)} exits within {self.window_s:.0f} s)")
+        _signal_group(self.proc, signal.SIGKILL)  # what it left behind (a worker's pool, an agent's device process)
+        self.proc = spawn(self.args, **self.kwargs)
+        return f"{self.name} {how}; started it again (pid {self.proc.pid})"
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"

@@ -29,7 +29,7 @@ from pathlib import Path
 from django.core.exceptions import ImproperlyConfigured
 
 from engine.errors import UserError
-from webapp.children import spawn, stop
+from webapp.children import CrashLoop, Supervised, stop
 from webapp.embedded_redis import EmbeddedRedis, RedisStartError
 from webapp.env import WILDCARDS, env_choice, env_str, url_host
 from workers.enroll import State, load_state, save_state
@@ -164,32 +164,34 @@ def _saved_state(path: Path) -> State | None:
 
 
 def serve(redis_url: str, redis_note: str, admin_password: str | None, cluster=None) -> int:
-    """Run daphne, a Celery worker (with beat) and the emulated agents until a signal or until the server dies."""
+    """Run daphne, a Celery worker (with beat), the coordinators and the emulated agents until a signal. A child
+    that crashes is started again (its running jobs go on: a coordinator resumes each from its central replica);
+    one that keeps crashing stops the site, or, an agent, leaves its device offline."""
     from django.conf import settings
 
     host, port = settings.ASTEROID_HOST, settings.ASTEROID_PORT
     env = {**os.environ, "REDIS_URL": redis_url}
     python = sys.executable
-    procs: dict[str, subprocess.Popen] = {}
-    agents: dict[str, subprocess.Popen] = {}
+    procs: dict[str, Supervised] = {}
+    agents: dict[str, Supervised] = {}
     try:
         # -W: Celery warns at length when run as root (containers, lab boards); it only matters with pickle,
         # and this app accepts JSON only. (A category filter cannot name celery's class before it is imported.)
         quiet_root = "ignore:You're running the worker with superuser privileges"
         worker = ["-W", quiet_root, "-m", "celery", "-A", "webapp", "--quiet"]
-        procs["celery worker"] = spawn(
-            [python, *worker, "worker", "--beat", "--loglevel=WARNING", "--concurrency=2"], env=env
+        procs["celery worker"] = Supervised(
+            "celery worker", [python, *worker, "worker", "--beat", "--loglevel=WARNING", "--concurrency=2"], env=env
         )
         # every running job's coordinator: the run's store, its recoveries (webapp/jobs/coordinating.py)
-        procs["coordinators"] = spawn([python, str(settings.BASE_DIR / "manage.py"), "coordinators"], env=env)
-        procs["daphne"] = spawn(
-            [python, "-m", "daphne", "-b", host, "-p", str(port), "webapp.asgi:application"], env=env
-        )
-        wait_for_port(host, port, procs["daphne"])
+        coordinators = [python, str(settings.BASE_DIR / "manage.py"), "coordinators"]
+        procs["coordinators"] = Supervised("coordinators", coordinators, env=env)
+        daphne = [python, "-m", "daphne", "-b", host, "-p", str(port), "webapp.asgi:application"]
+        procs["daphne"] = Supervised("daphne", daphne, env=env)
+        wait_for_port(host, port, procs["daphne"].proc)
         if cluster is not None:
             local = f"http://{url_host(_reach(host))}:{port}"  # the emulated agents run on this machine
             commands = agent_commands(cluster, local, settings.VAR_DIR / "agents")
-            agents = {name: spawn(args, env=env) for name, args in commands.items()}
+            agents = {name: Supervised(f"the agent of {name}", args, env=env) for name, args in commands.items()}
         print(f"\nAsteroid is running at {settings.ASTEROID_SITE_URL}/", flush=True)
         if host not in ("127.0.0.1", "localhost", "::1"):
             print(f"  boards enroll with: make agent SERVER={settings.ASTEROID_SITE_URL} TOKEN=T")
@@ -204,17 +206,23 @@ def serve(redis_url: str, redis_note: str, admin_password: str | None, cluster=N
             print(f"  Emulated devices of cluster {cluster.name}: {', '.join(agents)} (their agents log below)")
         print("  Press Ctrl-C to stop.\n", flush=True)
         while True:
-            for name, proc in procs.items():
-                if proc.poll() is not None:
-                    raise StartError(f"{name} exited with code {proc.returncode}; stopping")
-            for name, proc in list(agents.items()):
-                if proc.poll() is not None:  # a device going away is something the site shows, not a reason to stop
-                    print(
-                        f"warning: the agent of {name} exited with code {proc.returncode} (its error is above): "
-                        f"{name} stays offline until the site is started again",
-                        flush=True,
-                    )
+            for child in procs.values():
+                try:
+                    said = child.revive()
+                except CrashLoop as exc:
+                    raise StartError(f"{exc}: stopping (its error is above)") from None
+                if said:
+                    print(f"warning: {said}", flush=True)
+            for name, child in list(agents.items()):
+                try:
+                    said = child.revive()
+                except CrashLoop as exc:  # a device going away is something the site shows, not a reason to stop
+                    print(f"warning: {exc} (its error is above): {name} stays offline until the site is started "
+                          "again", flush=True)  # fmt: skip
                     del agents[name]
+                    continue
+                if said:
+                    print(f"warning: {said}", flush=True)
             time.sleep(0.5)  # supervision interval: how soon a crashed child is noticed
     except Stop as sig:
         print(f"\n{sig}: stopping ...", flush=True)
@@ -224,10 +232,10 @@ def serve(redis_url: str, redis_note: str, admin_password: str | None, cluster=N
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         # the coordinators first: a job's coordinator must not take its agents' stopping for lost devices (it
         # stops without ending the job, which resumes from its central replica when the site starts again)
-        coordinators = procs.pop("coordinators", None)
-        for proc in [coordinators, *agents.values(), *reversed(procs.values())]:
-            if proc is not None:
-                stop(proc)
+        first = procs.pop("coordinators", None)
+        for child in [first, *agents.values(), *reversed(procs.values())]:
+            if child is not None:
+                stop(child.proc)
 
 
 def build_parser() -> argparse.ArgumentParser:

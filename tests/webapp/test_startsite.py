@@ -40,6 +40,17 @@ def children_of(pid: int) -> list[int]:
     return found
 
 
+def name_of(pid: int) -> str:
+    """Which of the launcher's children `pid` is, from its command line."""
+    args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    text = b" ".join(args).decode()
+    for name, mark in (("coordinators", "coordinators"), ("daphne", "daphne"), ("celery worker", "celery"),
+                       ("redis", "redis-server")):  # fmt: skip
+        if mark in text:
+            return name
+    return text
+
+
 def alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0]
@@ -91,7 +102,7 @@ def test_generated_admin_password(db, monkeypatch):
     assert get_user_model().objects.get(username="admin").check_password(password)
 
 
-def test_serves_then_stops_everything_on_sigterm(tmp_path):
+def test_serves_starts_a_killed_child_again_then_stops_everything_on_sigterm(tmp_path):
     env = launcher_env(tmp_path)
     port = env["ASTEROID_PORT"]
     launcher = subprocess.Popen(
@@ -128,9 +139,33 @@ def test_serves_then_stops_everything_on_sigterm(tmp_path):
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/accounts/login/", timeout=10) as page:
             assert b'name="password"' in page.read()
         assert len(password) >= 16
+
+        # a child killed from outside (the OOM killer, an operator's kill -9) is started again; the site serves on
+        by_name = {name_of(pid): pid for pid in children}
+        for name in ("coordinators", "daphne"):
+            os.kill(by_name[name], signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            again = {name_of(pid): pid for pid in children_of(launcher.pid)}
+            if all(again.get(n) not in (None, by_name[n]) for n in ("coordinators", "daphne")):
+                break
+            time.sleep(0.5)
+        assert len(again) == 4 and again["celery worker"] == by_name["celery worker"], (by_name, again)
+        children = list(again.values())
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/accounts/login/", timeout=10) as page:
+                    assert b'name="password"' in page.read()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "daphne was not serving again within 30 s"
+                time.sleep(0.5)
     finally:
         launcher.send_signal(signal.SIGTERM)
         rest, _ = launcher.communicate(timeout=60)
     assert launcher.returncode == 0, rest
+    assert "warning: coordinators was killed (SIGKILL); started it again" in rest
+    assert "warning: daphne was killed (SIGKILL); started it again" in rest
     assert "SIGTERM: stopping" in rest
     assert [pid for pid in children if alive(pid)] == []
