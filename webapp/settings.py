@@ -5,6 +5,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import plotly
+from django.core.exceptions import ImproperlyConfigured
 
 from engine.runtime.detection import detection_window
 from webapp.env import (
@@ -175,6 +176,17 @@ ASTEROID_STORE_HOST = env_str("ASTEROID_STORE_HOST", urlsplit(ASTEROID_SITE_URL)
 # behind a full link queue, a 2 s link outage ridden out by TCP's retransmissions; engine.runtime.detection).
 ASTEROID_DETECT_S = env_seconds("ASTEROID_DETECT_S", round(detection_window(), 1), minimum=0.5)
 ASTEROID_RUN_TIMEOUT_S = env_int("ASTEROID_RUN_TIMEOUT_S", 60, minimum=1)  # the runtime's rendezvous timeout
+# A coordinators process holds a lease on each job it runs, renewed a few times per lease; one that dies has its
+# jobs taken over by another process this long after its last renewal (webapp/jobs/leases.py).
+ASTEROID_LEASE_S = env_seconds("ASTEROID_LEASE_S", 6.0, minimum=1.0)
+# How many coordinators processes `make run` starts (each with its store gateway on the next port from
+# ASTEROID_STORE_PORT); more than one takes PostgreSQL (docs/deployment.md).
+ASTEROID_COORDINATORS = env_int("ASTEROID_COORDINATORS", 1, minimum=1)
+if ASTEROID_COORDINATORS > 1 and DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    raise ImproperlyConfigured(
+        f"ASTEROID_COORDINATORS={ASTEROID_COORDINATORS} needs PostgreSQL (DATABASE_URL=postgres://...): SQLite "
+        "takes one writer at a time"
+    )
 ASTEROID_AGENT_MAX_MESSAGE = 256 * 1024  # bytes of one agent message; larger ones are rejected
 # Events one agent may send per second on average (twice that in a burst); more wait, none are lost.
 ASTEROID_AGENT_EVENTS_PER_S = env_int("ASTEROID_AGENT_EVENTS_PER_S", 1000, minimum=1)

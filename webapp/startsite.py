@@ -183,8 +183,12 @@ def serve(redis_url: str, redis_note: str, admin_password: str | None, cluster=N
             "celery worker", [python, *worker, "worker", "--beat", "--loglevel=WARNING", "--concurrency=2"], env=env
         )
         # every running job's coordinator: the run's store, its recoveries (webapp/jobs/coordinating.py)
-        coordinators = [python, str(settings.BASE_DIR / "manage.py"), "coordinators"]
-        procs["coordinators"] = Supervised("coordinators", coordinators, env=env)
+        # (several share the jobs through leases, each with its own store gateway: webapp/jobs/leases.py)
+        for i in range(settings.ASTEROID_COORDINATORS):
+            name = "coordinators" if i == 0 else f"coordinators {i + 1}"
+            store_port = str(settings.ASTEROID_STORE_PORT + i)
+            command = [python, str(settings.BASE_DIR / "manage.py"), "coordinators", "--store-port", store_port]
+            procs[name] = Supervised(name, command, env=env)
         daphne = [python, "-m", "daphne", "-b", host, "-p", str(port), "webapp.asgi:application"]
         procs["daphne"] = Supervised("daphne", daphne, env=env)
         wait_for_port(host, port, procs["daphne"].proc)
@@ -195,7 +199,9 @@ def serve(redis_url: str, redis_note: str, admin_password: str | None, cluster=N
         print(f"\nAsteroid is running at {settings.ASTEROID_SITE_URL}/", flush=True)
         if host not in ("127.0.0.1", "localhost", "::1"):
             print(f"  boards enroll with: make agent SERVER={settings.ASTEROID_SITE_URL} TOKEN=T")
-            print(f"  jobs' store gateway: {host}:{settings.ASTEROID_STORE_PORT} (docs/deployment.md)")
+            last = settings.ASTEROID_STORE_PORT + settings.ASTEROID_COORDINATORS - 1
+            ports = str(last) if last == settings.ASTEROID_STORE_PORT else f"{settings.ASTEROID_STORE_PORT}-{last}"
+            print(f"  jobs' store gateway: {host}:{ports} (docs/deployment.md)")
         if admin_password:
             shown = "(from ASTEROID_ADMIN_PASSWORD)" if admin_password_from_env() else admin_password
             print(f"  log in as {ADMIN} / {shown}   (new account; this password is not shown again)")
@@ -232,10 +238,9 @@ def serve(redis_url: str, redis_note: str, admin_password: str | None, cluster=N
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         # the coordinators first: a job's coordinator must not take its agents' stopping for lost devices (it
         # stops without ending the job, which resumes from its central replica when the site starts again)
-        first = procs.pop("coordinators", None)
-        for child in [first, *agents.values(), *reversed(procs.values())]:
-            if child is not None:
-                stop(child.proc)
+        first = [procs.pop(name) for name in list(procs) if name.startswith("coordinators")]
+        for child in [*first, *agents.values(), *reversed(procs.values())]:
+            stop(child.proc)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -259,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
         from django.conf import settings
 
         check_port_free(settings.ASTEROID_HOST, settings.ASTEROID_PORT)
-        check_port_free(settings.ASTEROID_HOST, settings.ASTEROID_STORE_PORT, "ASTEROID_STORE_PORT")
+        for i in range(settings.ASTEROID_COORDINATORS):  # a store gateway per coordinators process
+            check_port_free(settings.ASTEROID_HOST, settings.ASTEROID_STORE_PORT + i, "ASTEROID_STORE_PORT")
         cluster = cluster_from_env()
         redis_url, redis_note = settings.REDIS_URL, "from REDIS_URL"
         if not redis_url:

@@ -30,6 +30,7 @@ from workers.storelink import Relay
 
 log = logging.getLogger("workers.device")
 
+SUPERSEDED = "superseded"  # a process stopped because its job's coordinator started a later generation here
 KILL_AFTER_S = 3.0  # a cancelled device process gets this long to die of SIGTERM before SIGKILL
 TRACEBACK_CHARS = 20_000  # keeps an events message under the site's 256 KiB frame limit
 UPLOAD_TRIES = 5
@@ -86,6 +87,12 @@ class Runner:
     @property
     def job(self):
         return self._job
+
+    @property
+    def pid(self) -> int | None:
+        """The pid of the device process running now, if one is."""
+        procs = self._procs
+        return procs.pid(self._name) if procs is not None and procs.running else None
 
     @property
     def state(self) -> str:
@@ -157,6 +164,16 @@ class Runner:
                 return
             if coordinated and self._job not in (None, job):
                 raise UserError(f"this device is busy with job {self._job}")
+            if coordinated and self._superseded(job, spawned.options.generation):
+                # the job's coordinator moved on without this process (it was taken for lost, or another
+                # coordinators process took the job over): stop it, then start the new generation's (_finish)
+                log.info("job %s: generation %d supersedes this device's; stopping its process", job,
+                         spawned.options.generation)  # fmt: skip
+                self._next = msg
+                self._stop_reason = self._stop_reason or SUPERSEDED
+                if self._procs is not None:
+                    self._procs.terminate()
+                return
             if coordinated and self._thread is None:
                 self._job, self._name, self._cfg, self._port = job, spawned.name, spawned, None
             if job != self._job or self._cfg is None:
@@ -178,6 +195,11 @@ class Runner:
                 target=self._supervise, args=(job, cfg), name=f"device-job-{job}", daemon=True
             )
             self._thread.start()
+
+    def _superseded(self, job, generation: int) -> bool:
+        """Whether a start of `job`'s `generation` finds this device's process in an earlier one of that job."""
+        running = self._cfg.options.generation if self._cfg is not None else None
+        return self._job == job and self._thread is not None and running is not None and generation > running
 
     def _ending(self) -> bool:
         """Whether the current run is over but for its process exiting (it finished, or the agent stopped it)."""
@@ -323,8 +345,9 @@ class Runner:
             reason = "died"
         if reason is None and code == 0 and not seen.done and self._cfg.coordinated:
             reason = "left"  # the coordinator let it go (a graceful leave, or a new plan without it)
-        # A cancel always gets its reply; an agent stopping just after the device finished ended nothing.
-        if reason == "cancelled" or (reason is not None and not seen.done):
+        # A cancel always gets its reply; an agent stopping just after the device finished ended nothing; a
+        # superseded process is news to nobody (its coordinator moved on, and the next start follows).
+        if reason == "cancelled" or (reason not in (None, SUPERSEDED) and not seen.done):
             self.outbox.add(job, JobStopped(name, reason, why).to_message())
         log.info("job %s: finished (%s)", job, reason or ("done" if seen.done else f"exit status {code}"))
         with self._lock:

@@ -169,7 +169,7 @@ def agent_pid(name: str) -> int:
 
 
 def test_a_killed_agent_takes_its_device_process_along_and_the_job_recovers(system):
-    """Last in this module: the agent stays dead (the launcher says so), so its device is gone for good."""
+    """The job recovers without the device; `make run` starts the agent again, and the device is back."""
     job = planned(system, {})
     system.api(f"/api/jobs/{job['id']}/launch/", {})
     reached(system, job["id"], 1)
@@ -180,5 +180,6 @@ def test_a_killed_agent_takes_its_device_process_along_and_the_job_recovers(syst
     assert final["status"] == "completed", final["message"] + "\n" + "\n".join(lines)
     assert final["message"].startswith(f"{JOB['iterations']} iterations"), final["message"]
     assert any(line.startswith(f"device {victim} lost at iteration") for line in lines), lines
-    system.wait(f"{victim} offline", lambda: next(d for d in system.api("/api/devices/")["devices"]
-                                                  if d["name"] == victim)["status"] == "offline", 60)  # fmt: skip
+    assert f"warning: the agent of {victim} was killed (SIGKILL); started it again" in system.tail(2000)
+    system.wait(f"{victim} online again", lambda: next(d for d in system.api("/api/devices/")["devices"]
+                                                       if d["name"] == victim)["status"] == "online", 60)  # fmt: skip

@@ -35,7 +35,7 @@ def test_a_job_running_through_a_restart_resumes_and_completes_with_all_its_iter
         lines = log_lines(system, job)
         assert final["status"] == "completed", final["message"] + "\n" + "\n".join(lines) + "\n" + system.tail()
         assert final["message"].startswith(f"{JOB['iterations']} iterations"), final["message"]
-        assert any(line.startswith("the site restarted: the run resumes from iteration") for line in lines), lines
+        assert any(line.startswith("the coordinator started again (the site restarted") for line in lines), lines
         assert [g["reason"] for g in final["generations"]][:2] == ["start", "resumed"]
         system.wait(
             "the job's devices online and free",

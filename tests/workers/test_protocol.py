@@ -374,6 +374,29 @@ def test_a_coordinated_start_right_after_a_job_ended_waits_for_its_process_and_r
     site.wait(lambda: site.events("nano-1", "job-stopped", new), 10, "the new job's end")
 
 
+def test_a_later_generation_of_the_same_job_supersedes_the_running_process(site, agents):
+    """Another coordinators process took the job over (or its coordinator took this device for lost): its start
+    of a later generation stops the process of the earlier one and starts a new one, saying nothing of the old."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=20), wait_for_workers=False)
+    job = next(jobs)
+    start = {"type": "start", "job": job, "coordinated": True, "name": "nano-1", "host": "127.0.0.1",
+             "port": store.port, "generation": 0, "plan": solo_plan("nano-1").to_dict(),
+             "options": {**OPTIONS, "iterations": 1000}, "predicted_iteration_s": 0.05}  # fmt: skip
+    runner = agents["nano-1"].runner
+    site.send("nano-1", start)
+    first = site.wait(lambda: runner.pid, START_S, "generation 0's process")
+    site.send("nano-1", {**start, "generation": 1})
+    second = site.wait(lambda: (pid := runner.pid) not in (None, first) and pid, START_S, "generation 1's process")
+    assert not alive(first) and alive(second)
+    assert not site.events("nano-1", "job-stopped", job)  # the old process's end is news to nobody
+    site.send("nano-1", {"type": "kill", "job": job})
+    site.wait(lambda: site.events("nano-1", "job-stopped", job), 10, "the job's end")
+
+
 # -- the clock probes ---------------------------------------------------------------------------------
 
 

@@ -10,9 +10,10 @@ iterations are committed from the events the agents send (stored by the site, re
 process dies or goes silent is recovered from (re-plan, restore, replay), and administrators' actions
 (`JobAction`: remove or add a device) become graceful leaves and joins at the next iteration boundary. What the
 coordinator reports (device-lost, replan, replay, recovered, device-left, device-joined) is stored, logged in
-the job's words and shown live. When this process restarts (the site restarted), each running job's
-coordinator starts again from the job's central replica (var/jobs/<job>/run), or from the seed when none was
-made yet: the job completes with all its iterations.
+the job's words and shown live. Several coordinators processes share the running jobs through leases
+(webapp/jobs/leases.py); when one dies or hangs, or the site restarts, each of its jobs' coordinators starts
+again in a process that takes the lease, from the job's central replica (var/jobs/<job>/run), or from the seed
+when none was made yet: the job completes with all its iterations.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from django.utils import timezone
 from engine.errors import UserError
 from webapp.devices.agents import tell_agent
 from webapp.devices.models import Device
+from webapp.jobs import leases
 from webapp.jobs.actions import enlist
 from webapp.jobs.artifacts import job_dir
 from webapp.jobs.ending import fail, finish
@@ -53,6 +55,8 @@ WATCH_S = 0.5  # how often the process looks for new jobs, cancelled jobs and ad
 OFFLINE_CHECK_S = 1.0
 GONE = (JobDevice.State.LEFT, JobDevice.State.LOST, JobDevice.State.STOPPED)  # rows that must be claimed again
 SITE_STOPPING = "the site is stopping"  # a coordinator stopped for this leaves its job running: it resumes
+LEASE_LOST = "another coordinators process took the job over"  # (this one could not renew its lease in time)
+LEFT_RUNNING = (SITE_STOPPING, LEASE_LOST)
 LATE_S = 30.0
 RESEND_S = 2.0  # how often `start` is sent again to an agent whose device process has not started
 
@@ -61,12 +65,13 @@ _gateway: Gateway | None = None
 _gateway_lock = threading.Lock()
 
 
-def store_gateway() -> Gateway:
-    """This process's store gateway on ASTEROID_HOST:ASTEROID_STORE_PORT (started at first use; 0: any free port)."""
+def store_gateway(port: int | None = None) -> Gateway:
+    """This process's store gateway on ASTEROID_HOST, port `port` (default ASTEROID_STORE_PORT; 0: any free one),
+    started at first use."""
     global _gateway
     with _gateway_lock:
         if _gateway is None:
-            gateway = Gateway(settings.ASTEROID_HOST, settings.ASTEROID_STORE_PORT)
+            gateway = Gateway(settings.ASTEROID_HOST, settings.ASTEROID_STORE_PORT if port is None else port)
             gateway.start()
             _gateway = gateway
         return _gateway
@@ -82,8 +87,8 @@ class RemoteFleet:
     to start its device process, events are the ones the agents sent (the site stored them), a device's exit is
     its agent's `job-stopped` report or the agent going offline, and `kill_one` asks the agent to SIGKILL it."""
 
-    def __init__(self, job_id: int):
-        self.job_id = job_id
+    def __init__(self, job_id: int, owner: str = ""):
+        self.job_id, self.owner = job_id, owner  # `owner`: the lease this coordinator runs under (fencing)
         self.first = JobEvent.objects.filter(job_id=job_id).order_by("-pk").values_list("pk", flat=True).first() or 0
         self.last = self.first  # events before it are an earlier coordinator's
         self.seen: set[int] = set()
@@ -97,6 +102,9 @@ class RemoteFleet:
         return JobDevice.objects.filter(job_id=self.job_id, name=name).first()
 
     def spawn(self, name: str, target, cfg) -> None:
+        if self.owner and not leases.holds(self.job_id, self.owner):  # another process runs the job now
+            self.codes[name], self.whys[name] = 1, "not started: another coordinators process took the job over"
+            return
         row = self._row(name)
         if row is None or row.state in GONE:  # a standby device taking over, or one that left coming back
             row = self._claim(name, row)
@@ -196,6 +204,8 @@ class RemoteFleet:
         return self.whys.get(name, "exit status 1")
 
     def kill_one(self, name: str) -> None:
+        if self.owner and not leases.holds(self.job_id, self.owner):  # the device runs another process's now
+            return
         row = self._row(name)
         if row is not None and row.device_id is not None:
             tell_agent(row.device_id, {"type": "kill", "job": self.job_id})
@@ -222,9 +232,10 @@ def run_options(job: Job):
     )
 
 
-def coordinator_for(job: Job):
+def coordinator_for(job: Job, owner: str = ""):
     """The engine Coordinator of a job whose devices all accepted; resumed from its central replica when an
-    earlier coordinators process had made one (the site restarted mid-job)."""
+    earlier coordinators process had made one (the site restarted mid-job, or that process died). With `owner`,
+    what it reports and starts is fenced by the lease: once another process holds it, nothing more goes out."""
     from engine.runtime.central import load_resume
     from engine.runtime.coordinator import Coordinator
     from engine.workloads import workload
@@ -237,22 +248,23 @@ def coordinator_for(job: Job):
         plan,
         w,
         run_options(job),
-        emit=lambda ev: apply_event(job.pk, ev),
+        emit=lambda ev: (not owner or leases.holds(job.pk, owner)) and apply_event(job.pk, ev),
         run_dir=directory,
         resume=resume,
-        fleet=RemoteFleet(job.pk),
+        fleet=RemoteFleet(job.pk, owner),
         detect_s=settings.ASTEROID_DETECT_S,
         first_generation=len(job.generations),  # a restarted site's run goes on numbering its generations
     )
 
 
-def coordinate(job_id: int, ready: threading.Event | None = None, registry: dict | None = None) -> str:
-    """Run job `job_id`'s coordinator to the end of the run; the job ends completed or failed with the reason."""
+def coordinate(job_id: int, ready: threading.Event | None = None, registry: dict | None = None, owner: str = "") -> str:
+    """Run job `job_id`'s coordinator to the end of the run; the job ends completed or failed with the reason
+    (unless `owner` no longer holds its lease by then: the process that does decides)."""
     from engine.runtime.coordinator import RunFailed
 
     job = Job.objects.get(pk=job_id)
     try:
-        coordinator = coordinator_for(job)
+        coordinator = coordinator_for(job, owner)
     except UserError as exc:
         fail(job, f"cannot coordinate the run: {exc}")
         return "failed"
@@ -268,22 +280,28 @@ def coordinate(job_id: int, ready: threading.Event | None = None, registry: dict
     }  # fmt: skip
     Job.objects.filter(pk=job.pk).update(generations=[*job.generations, first])
     move(job, Job.Status.RECOVERING, Job.Status.RUNNING, "training (resumed)")
-    if job.generations:  # a coordinator ran this job before: the site restarted
+    if job.generations:  # a coordinator ran this job before: the site restarted, or another process took it over
         for name in job.device_names:  # their device processes start again (what they trained is in the replica)
             device_state(job, name, JobDevice.State.STARTING)
         where = "its central replica" if coordinator.resume is not None else "the seed: no central replica yet"
-        job_log(job, f"the site restarted: the run resumes from iteration {at} ({where})", "warning")
+        job_log(job, f"the coordinator started again (the site restarted, or its coordinators process died): the "
+                     f"run resumes from iteration {at} ({where})", "warning")  # fmt: skip
     if registry is not None:
         registry[job_id] = coordinator
     if ready is not None:
         ready.set()
     try:
         coordinator.run()
+        if owner and not leases.holds(job_id, owner):
+            return "stopped"
         finish(job)
         return "completed"
     except RunFailed as exc:
-        if coordinator.stop_reason == SITE_STOPPING:  # the next coordinators process takes the job up again
-            log.info("job %s: coordinator stopped with the site; the run resumes when it starts again", job_id)
+        # the next coordinators process takes the job up again (or has: this one's lease is gone)
+        handed_over = owner and not leases.holds(job_id, owner)
+        if coordinator.stop_reason in LEFT_RUNNING or handed_over:
+            log.info("job %s: coordinator stopped (%s); the run goes on under the next", job_id,
+                     coordinator.stop_reason)  # fmt: skip
             return "stopped"
         job.refresh_from_db()
         if not job.finished:
@@ -291,6 +309,8 @@ def coordinate(job_id: int, ready: threading.Event | None = None, registry: dict
         return "failed"
     except Exception as exc:  # a bug: the job must not stay running forever; the traceback goes to the log
         log.exception("coordinating job %s", job_id)
+        if owner and not leases.holds(job_id, owner):
+            return "stopped"
         fail(job, f"the coordinator failed: {type(exc).__name__}: {exc}")
         return "failed"
     finally:
@@ -300,21 +320,36 @@ def coordinate(job_id: int, ready: threading.Event | None = None, registry: dict
 
 
 class Coordinators:
-    """Every running job's coordinator thread in this process, and the administrators' actions they carry out."""
+    """The coordinator threads of the running jobs this process holds leases on (webapp/jobs/leases.py), and the
+    administrators' actions they carry out."""
 
-    def __init__(self) -> None:
+    def __init__(self, owner: str | None = None) -> None:
+        self.owner = owner or leases.this_process()
         self.threads: dict[int, threading.Thread] = {}
         self.running: dict[int, object] = {}  # job id -> its Coordinator, once it runs
+        self.renewed = 0.0
 
     def step(self) -> None:
-        """Start coordinators of jobs that need one; stop those of cancelled jobs; hand over pending actions."""
-        for job_id, thread in list(self.threads.items()):
-            if not thread.is_alive():
-                del self.threads[job_id]
-        ready = Job.objects.filter(status__in=Job.ACTIVE, started_at__isnull=False).exclude(pk__in=list(self.threads))
-        for job_id in ready.values_list("pk", flat=True):
+        """Renew this process's leases (stopping coordinators whose lease another process took); start coordinators
+        of jobs whose lease it wins; stop those of cancelled jobs; hand over pending actions."""
+        ended = [job_id for job_id, thread in self.threads.items() if not thread.is_alive()]
+        for job_id in ended:
+            del self.threads[job_id]
+        leases.release(ended, self.owner)  # (a no-op for a job another process took over)
+        if time.monotonic() - self.renewed > settings.ASTEROID_LEASE_S / 4:
+            kept = leases.renew(list(self.threads), self.owner)
+            self.renewed = time.monotonic()
+            for job_id in set(self.threads) - kept:
+                coordinator = self.running.get(job_id)
+                if coordinator is not None:
+                    log.warning("job %s: its lease was taken over; stopping this process's coordinator", job_id)
+                    coordinator.stop(LEASE_LOST)
+        for job_id in leases.claim(leases.unowned(exclude=list(self.threads)), self.owner):
             thread = threading.Thread(
-                target=coordinate, args=(job_id, None, self.running), name=f"coordinator-{job_id}", daemon=True
+                target=coordinate,
+                args=(job_id, None, self.running, self.owner),
+                name=f"coordinator-{job_id}",
+                daemon=True,
             )
             self.threads[job_id] = thread
             thread.start()
@@ -340,6 +375,7 @@ class Coordinators:
             coordinator.stop(SITE_STOPPING)
         for thread in list(self.threads.values()):
             thread.join(10)
+        leases.release(list(self.threads), self.owner)  # the next process takes them up at once
 
 
 def _carry_out(action: JobAction, coordinator) -> None:
@@ -364,19 +400,21 @@ class _Stop(Exception):
     pass
 
 
-def serve() -> int:
-    """The coordinators process: until SIGINT or SIGTERM."""
+def serve(store_port: int | None = None) -> int:
+    """The coordinators process: until SIGINT or SIGTERM. `store_port`: its store gateway's (default
+    ASTEROID_STORE_PORT; each of several coordinators processes on one host needs its own)."""
 
     def on_signal(signum, frame):
         raise _Stop
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    port = settings.ASTEROID_STORE_PORT if store_port is None else store_port
     try:
-        gateway = store_gateway()
+        gateway = store_gateway(port)
     except OSError as exc:
         log.error("coordinators: cannot serve the store gateway on %s:%s: %s (set ASTEROID_STORE_PORT)",
-                  settings.ASTEROID_HOST, settings.ASTEROID_STORE_PORT, exc.strerror or exc)  # fmt: skip
+                  settings.ASTEROID_HOST, port, exc.strerror or exc)  # fmt: skip
         return 1
     coordinators = Coordinators()
     log.info("coordinators: serving (jobs' store gateway on %s:%s)", settings.ASTEROID_HOST, gateway.port)

@@ -68,6 +68,9 @@ class Job(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)  # every device accepted; `start` was sent
     finished_at = models.DateTimeField(null=True, blank=True)
     archived = models.BooleanField(default=False, db_index=True)  # kept, but out of the job list unless asked for
+    # Which coordinators process runs its coordinator, and until when its lease holds (webapp/jobs/leases.py).
+    coordinator = models.CharField(max_length=128, blank=True)
+    lease_until = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at"]

