@@ -85,7 +85,7 @@ def _heartbeat(device: Device, msg: dict) -> None:
 
 @database_sync_to_async
 def _accepted(device: Device, msg: dict) -> None:
-    accepted(device, msg["job"], msg.get("port"))
+    accepted(device, msg["job"])
 
 
 @database_sync_to_async

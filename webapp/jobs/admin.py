@@ -8,7 +8,7 @@ from webapp.jobs.models import Job, JobDevice, JobEvent
 class JobDeviceInline(admin.TabularInline):
     model = JobDevice
     extra = 0
-    fields = ("rank", "name", "state", "accepted", "port", "part")
+    fields = ("rank", "name", "state", "accepted", "part")
     readonly_fields = fields
     can_delete = False
 

@@ -80,14 +80,15 @@ def unanswered(device: Device) -> dict | None:
     return None if row is None else _assignment(row.job, row)
 
 
-def accepted(device: Device, job_id: int, port: int | None) -> None:
+def accepted(device: Device, job_id: int) -> None:
     """An agent took its part; once all have, the job starts: its coordinator (the coordinators process picks up
-    a job whose `started_at` is set) tells every agent to start its device process."""
+    a job whose `started_at` is set) tells every agent to start its device process (on the coordinator's store:
+    the port an agent's `accepted` may carry is not used)."""
     row = JobDevice.objects.filter(job_id=job_id, device=device).select_related("job").first()
     if row is None or row.job.status not in Job.ACTIVE:
         tell_agent(device.pk, {"type": "cancel", "job": job_id})  # a stale assignment: make sure it stops
         return
-    JobDevice.objects.filter(pk=row.pk).update(accepted=True, port=port)
+    JobDevice.objects.filter(pk=row.pk).update(accepted=True)
     rows = list(JobDevice.objects.filter(job_id=job_id))
     if not all(r.accepted for r in rows):
         return

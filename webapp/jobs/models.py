@@ -204,7 +204,6 @@ class JobDevice(models.Model):
     rank = models.PositiveIntegerField()
     state = models.CharField(max_length=16, choices=State.choices, default=State.ASSIGNED)
     accepted = models.BooleanField(default=False)
-    port = models.PositiveIntegerField(null=True, blank=True)  # rank 0: the rendezvous store's port
     result = models.JSONField(default=dict, blank=True)  # its device-done report (late steps, peak memory, ...)
     part = models.BooleanField(default=False)  # it uploaded its stage's weights (var/jobs/<job>/part-<rank>.pt)
 
