@@ -171,8 +171,8 @@ class Runner:
                          spawned.options.generation)  # fmt: skip
                 self._next = msg
                 self._stop_reason = self._stop_reason or SUPERSEDED
-                if self._procs is not None:
-                    self._procs.terminate()
+                if self._procs is not None:  # at once: it may hang on its old store, and holds nothing to save
+                    self._procs.kill()
                 return
             if coordinated and self._thread is None:
                 self._job, self._name, self._cfg, self._port = job, spawned.name, spawned, None

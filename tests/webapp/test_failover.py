@@ -89,6 +89,7 @@ def test_a_hung_coordinators_process_loses_its_job_to_another_and_the_job_comple
 
         first = holder()
         frozen = int(first.split(":")[1])
+        reached = api(f"/api/jobs/{job}/")["latest"]["iteration"]
         os.kill(frozen, signal.SIGSTOP)  # hung: it holds its lease and its job's store, and renews nothing
         hung = time.monotonic()
         second = wait("another process to take the job over", lambda: (h := holder()) != first and h, 60)
@@ -96,6 +97,13 @@ def test_a_hung_coordinators_process_loses_its_job_to_another_and_the_job_comple
         print(f"lease taken over {taken_s:.1f} s after its holder hung (ASTEROID_LEASE_S={LEASE_S})")
         os.kill(frozen, signal.SIGCONT)  # back: it finds its lease gone and stops its coordinator, job untouched
         frozen = None
+        def new_ground():  # the new generation (the one the other process started) past where the job had got
+            latest = api(f"/api/jobs/{job}/")["latest"]
+            return latest.get("generation", 0) >= 1 and latest["iteration"] > reached
+
+        wait("new ground", new_ground, 120)
+        paused_s = time.monotonic() - hung
+        print(f"iterations past {reached + 1} again {paused_s:.1f} s after the hang (replayed from the replica)")
         final = wait("the job's end", lambda: (j := api(f"/api/jobs/{job}/"))["finished_at"] and j, 240)
     finally:
         if frozen is not None:
