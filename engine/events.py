@@ -269,7 +269,9 @@ def marked() -> tuple[str, ...]:
 def said(message: dict) -> str | None:
     """The line of an event message (what the CLI prints), or None when its kind has none."""
     kind = CATALOGUE.get(message.get("type"))
-    return kind.from_message(message).line() if kind is not None else None
+    if kind is None or kind.line is Event.line:  # (steps, most of a run's events, have none: not parsed)
+        return None
+    return kind.from_message(message).line()
 
 
 def parse(doc: Any, kinds: typing.Iterable[str] | None = None) -> Event:

@@ -28,13 +28,12 @@ def option(default: Any, label: str, help: str, low: float | None = None, high: 
                                             "choices": choices})  # fmt: skip
 
 
-SCHEDULE_CHOICES = (
-    ("auto", "auto (the fastest simulated that fits)"),
-    ("1f1b", "1F1B"),
-    ("zb-h1", "ZB-H1 (zero bubble, 1F1B's memory)"),
-    ("zb-h2", "ZB-H2 (zero bubble, more activations held)"),
-)
-assert [c for c, _ in SCHEDULE_CHOICES[1:]] == list(SCHEDULES)
+_SCHEDULE_LABELS = {
+    "1f1b": "1F1B",
+    "zb-h1": "ZB-H1 (zero bubble, 1F1B's memory)",
+    "zb-h2": "ZB-H2 (zero bubble, more activations held)",
+}
+SCHEDULE_CHOICES = (("auto", "auto (the fastest simulated that fits)"), *((s, _SCHEDULE_LABELS[s]) for s in SCHEDULES))
 
 
 @dataclass(frozen=True)

@@ -300,8 +300,10 @@ def coordinate(job_id: int, ready: threading.Event | None = None, registry: dict
         # the next coordinators process takes the job up again (or has: this one's lease is gone)
         handed_over = owner and not leases.holds(job_id, owner)
         if coordinator.stop_reason in LEFT_RUNNING or handed_over:
-            log.info("job %s: coordinator stopped (%s); the run goes on under the next", job_id,
-                     coordinator.stop_reason)  # fmt: skip
+            if coordinator.stop_reason == SITE_STOPPING:
+                log.info("job %s: coordinator stopped with the site; the run resumes when it starts again", job_id)
+            else:
+                log.warning("job %s: coordinator stopped: %s", job_id, LEASE_LOST)
             return "stopped"
         job.refresh_from_db()
         if not job.finished:
