@@ -97,6 +97,7 @@ def test_a_hung_coordinators_process_loses_its_job_to_another_and_the_job_comple
         print(f"lease taken over {taken_s:.1f} s after its holder hung (ASTEROID_LEASE_S={LEASE_S})")
         os.kill(frozen, signal.SIGCONT)  # back: it finds its lease gone and stops its coordinator, job untouched
         frozen = None
+
         def new_ground():  # the new generation (the one the other process started) past where the job had got
             latest = api(f"/api/jobs/{job}/")["latest"]
             return latest.get("generation", 0) >= 1 and latest["iteration"] > reached
