@@ -248,7 +248,8 @@ class Runner:
                 self.outbox.add(job, JobStopped(name, reason).to_message())
                 log.info("job %s: %s before it started", job, reason)
                 return
-            self._stop_reason = self._stop_reason or reason
+            # a cancel (or the agent stopping) while a superseded process exits: that is how this run ends now
+            self._stop_reason = reason if self._stop_reason in (None, SUPERSEDED) else self._stop_reason
             if self._procs is not None:
                 self._procs.terminate()
         log.info("job %s: stopping the device process (%s)", job, reason)
