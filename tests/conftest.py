@@ -1,5 +1,6 @@
-"""Test-wide setup: markers by cost (unit, multiprocess, browser); in-memory channel layer and eager Celery when
-no REDIS_URL is given; fast password hashing; a quick real profile of mobilenetv2 for tests that plan."""
+"""Test-wide setup: markers by cost (unit, multiprocess, browser); in-memory channel layer, eager Celery and a
+private redis-server for the device-event streams when no REDIS_URL is given; fast password hashing; a quick real
+profile of mobilenetv2 for tests that plan."""
 
 from pathlib import Path
 
@@ -44,6 +45,13 @@ def pytest_configure(config):
     if not settings.REDIS_URL:
         settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
         celery_app.conf.update(broker_url="memory://", result_backend="cache+memory://")
+        # Device events reach a job's coordinator on a Redis stream (webapp/jobs/eventstream.py), as under
+        # `make run`: a private redis-server for this session's tests.
+        import tempfile
+
+        from webapp.embedded_redis import EmbeddedRedis
+
+        settings.REDIS_URL = EmbeddedRedis(Path(tempfile.mkdtemp(prefix="asteroid-test-redis-"))).start()
     celery_app.conf.update(task_always_eager=True, task_eager_propagates=True)
 
 

@@ -160,6 +160,7 @@ CELERY_TASK_TIME_LIMIT = env_int("ASTEROID_TASK_TIME_LIMIT", 3600, minimum=1)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE = {
     "health-check": {"task": "webapp.jobs.tasks.health_check", "schedule": env_int("ASTEROID_HEARTBEAT_S", 5, 1)},
+    "compact-steps": {"task": "webapp.jobs.tasks.compact_steps", "schedule": 60},
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
@@ -187,6 +188,10 @@ if ASTEROID_COORDINATORS > 1 and DATABASES["default"]["ENGINE"] == "django.db.ba
         f"ASTEROID_COORDINATORS={ASTEROID_COORDINATORS} needs PostgreSQL (DATABASE_URL=postgres://...): SQLite "
         "takes one writer at a time"
     )
+# How many daphne processes serve ASTEROID_PORT (one listening socket, shared) and how many Celery workers plan
+# jobs (docs/deployment.md); the channel layer is on Redis, the sessions in the database: any serves any request.
+ASTEROID_DAPHNES = env_int("ASTEROID_DAPHNES", 1, minimum=1)
+ASTEROID_CELERY_WORKERS = env_int("ASTEROID_CELERY_WORKERS", 1, minimum=1)
 ASTEROID_AGENT_MAX_MESSAGE = 256 * 1024  # bytes of one agent message; larger ones are rejected
 # Events one agent may send per second on average (twice that in a burst); more wait, none are lost.
 ASTEROID_AGENT_EVENTS_PER_S = env_int("ASTEROID_AGENT_EVENTS_PER_S", 1000, minimum=1)

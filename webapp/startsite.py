@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import argparse
 import errno
+import http.client
 import os
 import secrets
 import signal
 import socket
-import subprocess
 import sys
 import time
 from dataclasses import replace
@@ -54,23 +54,38 @@ def admin_password_from_env() -> str:
     return env_str("ASTEROID_ADMIN_PASSWORD", strip=False)
 
 
-def check_port_free(host: str, port: int, setting: str = "ASTEROID_PORT") -> None:
+def _bound(host: str, port: int, setting: str) -> socket.socket:
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except OSError as exc:
         raise StartError(f"ASTEROID_HOST={host} cannot be resolved: {exc.strerror or exc}") from None
     family, _, _, _, address = infos[0]
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        # as daphne binds: a port whose last connections linger in TIME_WAIT after a stop is free to serve on
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(address)
-        except OSError as exc:
-            if exc.errno == errno.EADDRNOTAVAIL:
-                raise StartError(
-                    f"ASTEROID_HOST={host} is not an address of this machine; use one that `ip addr` lists"
-                ) from None
-            raise StartError(f"port {port} on {host} is in use; stop what uses it or set {setting}") from None
+    s = socket.socket(family, socket.SOCK_STREAM)
+    # as daphne binds: a port whose last connections linger in TIME_WAIT after a stop is free to serve on
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind(address)
+    except OSError as exc:
+        s.close()
+        if exc.errno == errno.EADDRNOTAVAIL:
+            raise StartError(
+                f"ASTEROID_HOST={host} is not an address of this machine; use one that `ip addr` lists"
+            ) from None
+        raise StartError(f"port {port} on {host} is in use; stop what uses it or set {setting}") from None
+    return s
+
+
+def check_port_free(host: str, port: int, setting: str = "ASTEROID_PORT") -> None:
+    _bound(host, port, setting).close()
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """The site's listening socket, which every daphne process serves (`--fd`): the kernel hands each new
+    connection to one of them, and while one is started again the others (or the backlog) take its share."""
+    s = _bound(host, port, "ASTEROID_PORT")
+    s.listen(1024)
+    s.set_inheritable(True)
+    return s
 
 
 def _reach(host: str) -> str:
@@ -78,18 +93,23 @@ def _reach(host: str) -> str:
     return "127.0.0.1" if host in WILDCARDS else host
 
 
-def wait_for_port(host: str, port: int, proc: subprocess.Popen, timeout: float = 30.0) -> None:
-    """Return once something accepts connections on `port`; fail if `proc` exits first."""
+def wait_for_site(host: str, port: int, daphnes: list[Supervised], timeout: float = 30.0) -> None:
+    """Return once a daphne process answers an HTTP request on `port`; fail if they all exit first."""
     deadline = time.monotonic() + timeout
-    while proc.poll() is None:
+    while any(d.proc.poll() is None for d in daphnes):
+        conn = http.client.HTTPConnection(_reach(host), port, timeout=1)
         try:
-            socket.create_connection((_reach(host), port), timeout=1).close()
+            conn.request("HEAD", "/accounts/login/")
+            conn.getresponse()
             return
         except OSError:
             if time.monotonic() > deadline:
-                raise StartError(f"daphne did not start listening on port {port} within {timeout:.0f} s") from None
-            time.sleep(0.1)  # poll interval while daphne imports Django and binds
-    raise StartError(f"daphne exited with code {proc.returncode} before serving; see its output above")
+                raise StartError(f"daphne did not answer on port {port} within {timeout:.0f} s") from None
+            time.sleep(0.1)  # poll interval while daphne imports Django
+        finally:
+            conn.close()
+    codes = ", ".join(str(d.proc.returncode) for d in daphnes)
+    raise StartError(f"daphne exited with code {codes} before serving; see its output above")
 
 
 def setup_django() -> None:
@@ -163,8 +183,9 @@ def _saved_state(path: Path) -> State | None:
         return None
 
 
-def serve(redis_url: str, redis_note: str, admin_password: str | None, cluster=None) -> int:
-    """Run daphne, a Celery worker (with beat), the coordinators and the emulated agents until a signal. A child
+def serve(listener: socket.socket, redis_url: str, redis_note: str, admin_password: str | None, cluster=None) -> int:
+    """Run daphne on `listener`, Celery workers (one with beat), the coordinators and the emulated agents until a
+    signal (ASTEROID_DAPHNES, ASTEROID_CELERY_WORKERS, ASTEROID_COORDINATORS of each; default one). A child
     that crashes is started again (its running jobs go on: a coordinator resumes each from its central replica);
     one that keeps crashing stops the site, or, an agent, leaves its device offline."""
     from django.conf import settings
@@ -179,9 +200,10 @@ def serve(redis_url: str, redis_note: str, admin_password: str | None, cluster=N
         # and this app accepts JSON only. (A category filter cannot name celery's class before it is imported.)
         quiet_root = "ignore:You're running the worker with superuser privileges"
         worker = ["-W", quiet_root, "-m", "celery", "-A", "webapp", "--quiet"]
-        procs["celery worker"] = Supervised(
-            "celery worker", [python, *worker, "worker", "--beat", "--loglevel=WARNING", "--concurrency=2"], env=env
-        )
+        for i in range(settings.ASTEROID_CELERY_WORKERS):
+            name = "celery worker" if i == 0 else f"celery worker {i + 1}"
+            command = [python, *worker, "worker", "-n", f"worker{i + 1}@%h", "--loglevel=WARNING", "--concurrency=2"]
+            procs[name] = Supervised(name, command + (["--beat"] if i == 0 else []), env=env)  # one beat
         # every running job's coordinator: the run's store, its recoveries (webapp/jobs/coordinating.py)
         # (several share the jobs through leases, each with its own store gateway: webapp/jobs/leases.py)
         for i in range(settings.ASTEROID_COORDINATORS):
@@ -189,9 +211,13 @@ def serve(redis_url: str, redis_note: str, admin_password: str | None, cluster=N
             store_port = str(settings.ASTEROID_STORE_PORT + i)
             command = [python, str(settings.BASE_DIR / "manage.py"), "coordinators", "--store-port", store_port]
             procs[name] = Supervised(name, command, env=env)
-        daphne = [python, "-m", "daphne", "-b", host, "-p", str(port), "webapp.asgi:application"]
-        procs["daphne"] = Supervised("daphne", daphne, env=env)
-        wait_for_port(host, port, procs["daphne"].proc)
+        daphne = [python, "-m", "daphne", "--fd", str(listener.fileno()), "webapp.asgi:application"]
+        daphnes = []
+        for i in range(settings.ASTEROID_DAPHNES):
+            name = "daphne" if i == 0 else f"daphne {i + 1}"
+            procs[name] = Supervised(name, daphne, env=env, pass_fds=(listener.fileno(),))
+            daphnes.append(procs[name])
+        wait_for_site(host, port, daphnes)
         if cluster is not None:
             local = f"http://{url_host(_reach(host))}:{port}"  # the emulated agents run on this machine
             commands = agent_commands(cluster, local, settings.VAR_DIR / "agents")
@@ -258,12 +284,12 @@ def main(argv: list[str] | None = None) -> int:
     build_parser().parse_args(argv)  # --help, and a one-line error for anything else
     signal.signal(signal.SIGINT, _on_signal)
     signal.signal(signal.SIGTERM, _on_signal)
-    redis = None
+    redis = listener = None
     try:
         setup_django()  # reads every setting: a bad one fails here, before anything starts
         from django.conf import settings
 
-        check_port_free(settings.ASTEROID_HOST, settings.ASTEROID_PORT)
+        listener = listen(settings.ASTEROID_HOST, settings.ASTEROID_PORT)
         for i in range(settings.ASTEROID_COORDINATORS):  # a store gateway per coordinators process
             check_port_free(settings.ASTEROID_HOST, settings.ASTEROID_STORE_PORT + i, "ASTEROID_STORE_PORT")
         cluster = cluster_from_env()
@@ -273,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
             redis_url, redis_note = redis.start(), "embedded, stops with this launcher"
         migrate()
         password = ensure_admin()
-        return serve(redis_url, redis_note, password, cluster)
+        return serve(listener, redis_url, redis_note, password, cluster)
     except (StartError, ImproperlyConfigured, RedisStartError, UserError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -284,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         if redis is not None:
             redis.stop()
+        if listener is not None:
+            listener.close()
 
 
 if __name__ == "__main__":

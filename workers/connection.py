@@ -351,10 +351,13 @@ class Connection:
 
     async def _heartbeats(self, ws: ClientConnection, every: float) -> None:
         while True:
-            # state before pending: a run that ends in between leaves its last events counted as pending
-            beat = {"type": "heartbeat", "state": self.runner.state, "job": self.runner.job}
-            await ws.send(json.dumps({**beat, "pending": len(self.outbox)}))
+            await self._heartbeat(ws)
             await asyncio.sleep(every)
+
+    async def _heartbeat(self, ws: ClientConnection) -> None:
+        # state before pending: a run that ends in between leaves its last events counted as pending
+        beat = {"type": "heartbeat", "state": self.runner.state, "job": self.runner.job}
+        await ws.send(json.dumps({**beat, "pending": len(self.outbox)}))
 
 
 def _parse(raw) -> dict:

@@ -71,7 +71,7 @@ def site_env(var: Path, port: int, profile_cache: Path, cluster: str) -> dict:
 
 
 def start_system(env: dict, log: Path) -> System:
-    """`python -m webapp.startsite` in `env`, once it serves and every agent is online."""
+    """`python -m webapp.startsite` in `env`, once it serves and every agent is connected."""
     starts = log.read_text().count(READY) if log.exists() else 0  # a restart appends to the same log
     with open(log, "a") as out:
         proc = subprocess.Popen([sys.executable, "-m", "webapp.startsite"], cwd=ROOT, env=env, stdout=out,
@@ -80,9 +80,11 @@ def start_system(env: dict, log: Path) -> System:
     try:
         system.wait("the site", lambda: log.read_text().count(READY) > starts, 90)
         system.token = system.manage("createtoken", "admin").strip().splitlines()[-1]
+        # (busy: a device of a job that was running when the site stopped, and resumes; whether its agent's last
+        # report of the stop was stored before the site went down decides whether it is claimed again)
         system.wait(
-            "every agent online",
-            lambda: all(d["status"] == "online" for d in system.api("/api/devices/")["devices"]),
+            "every agent connected",
+            lambda: all(d["status"] in ("online", "busy") for d in system.api("/api/devices/")["devices"]),
             120,
         )
     except BaseException:

@@ -9,11 +9,12 @@ import json
 import pytest
 from django.utils import timezone
 
-from engine.events import DeviceLeft, DeviceLost, Recovered, Replan, Replay
+from engine.events import DeviceLeft, DeviceLost, Eval, Recovered, Replan, Replay
 from tests.webapp.test_agent_protocol import batch, talk
 from tests.webapp.test_sockets import enrolled, running_job
 from webapp.devices.models import Device
 from webapp.jobs.coordinating import RemoteFleet, apply_event
+from webapp.jobs.ingest import record_events
 from webapp.jobs.models import Job, JobAction, JobDevice, JobEvent
 
 
@@ -66,19 +67,42 @@ def test_a_device_that_left_is_freed_and_a_finished_job_is_not_revived(job):
     assert Job.objects.get(pk=job.pk).status == "cancelled"
 
 
+def sent(device: str, *events: dict, first: int = 1) -> None:
+    """As the site stores a batch from `device`'s agent (webapp/agents/consumers.py)."""
+    agent = Device.objects.get(name=device)
+    items = [{"seq": first + k, "job": Job.objects.get().pk, "event": ev} for k, ev in enumerate(events)]
+    record_events(agent, items)
+
+
 def test_the_fleet_reads_exits_from_the_agents_reports(job):
     fleet = RemoteFleet(job.pk)
-
-    def stored(ev):  # noqa: E306  as ingest stores an agent's event
-        JobEvent.objects.create(job=job, device=ev["device"], type=ev["type"], data=ev)
-
-    stored({"type": "device-start", "device": "tx2-0", "rank": 0, "stage": 0})
-    stored({"type": "job-stopped", "device": "tx2-0", "reason": "died", "why": "died (SIGKILL)"})
-    stored({"type": "job-stopped", "device": "nx-0", "reason": "left"})
+    sent("tx2-0", {"type": "device-start", "device": "tx2-0", "rank": 0, "stage": 0})
+    sent("tx2-0", {"type": "job-stopped", "device": "tx2-0", "reason": "died", "why": "died (SIGKILL)"}, first=2)
+    sent("nx-0", {"type": "job-stopped", "device": "nx-0", "reason": "left"})
     assert fleet.get(0.2)["type"] == "device-start"  # what the coordinator needs, in order
     assert fleet.get(0.05) is None  # job-stopped is an exit, not an event for it
     assert (fleet.exitcode("tx2-0"), fleet.why("tx2-0")) == (-9, "died (SIGKILL)")
     assert fleet.exitcode("nx-0") == 0  # let go by the coordinator
+
+
+def test_each_event_reaches_the_coordinator_once_in_order_and_a_new_coordinator_reads_from_its_start(job):
+    def iteration(k: int) -> dict:
+        return {"type": "iteration", "iteration": k, "loss": 1.0, "iteration_s": 0.1, "throughput": 80.0,
+                "steps": 4, "time": float(k)}  # fmt: skip
+
+    Job.objects.filter(pk=job.pk).update(iterations=10)
+    before = RemoteFleet(job.pk)
+    sent("tx2-0", iteration(0), iteration(1))
+    sent("tx2-0", iteration(0), iteration(1))  # sent again (no ack came): stored once, streamed again, read once
+    sent("nx-0", Eval(1, 0.5, 0.9, None, 64, 0.2).to_message())  # the site's only
+    after = RemoteFleet(job.pk)  # another coordinator takes the job over: what comes next is its
+    sent("tx2-0", iteration(2), first=3)
+    assert [ev["iteration"] for ev in before.drain()] == [0, 1, 2]
+    assert [ev["iteration"] for ev in after.drain()] == [2]
+    assert JobEvent.objects.filter(job=job, type="iteration").count() == 3
+    Device.objects.filter(name="tx2-0").update(session="s2", last_seq=0)  # its agent restarted: seqs from 1 again
+    sent("tx2-0", iteration(3))
+    assert [ev["iteration"] for ev in after.drain()] == [3]
 
 
 def test_a_standby_device_is_claimed_when_the_coordinator_starts_it(job):

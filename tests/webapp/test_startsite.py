@@ -169,3 +169,34 @@ def test_serves_starts_a_killed_child_again_then_stops_everything_on_sigterm(tmp
     assert "warning: daphne was killed (SIGKILL); started it again" in rest
     assert "SIGTERM: stopping" in rest
     assert [pid for pid in children if alive(pid)] == []
+
+
+def test_two_daphne_processes_serve_one_port_and_one_killed_loses_no_request(tmp_path):
+    env = launcher_env(tmp_path, ASTEROID_DAPHNES="2", ASTEROID_CELERY_WORKERS="2")
+    port = env["ASTEROID_PORT"]
+    launcher = subprocess.Popen([sys.executable, "-m", "webapp.startsite"], cwd=ROOT, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        lines = []
+        for line in launcher.stdout:
+            lines.append(line)
+            if "Press Ctrl-C to stop." in line:
+                break
+        names = sorted(name_of(pid) for pid in children_of(launcher.pid))
+        assert names == ["celery worker", "celery worker", "coordinators", "daphne", "daphne", "redis"], lines
+        daphnes = [pid for pid in children_of(launcher.pid) if name_of(pid) == "daphne"]
+        os.kill(daphnes[0], signal.SIGKILL)
+        for _ in range(20):  # at once, and while it is started again: the other one (or the backlog) answers
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/accounts/login/", timeout=30) as page:
+                assert page.status == 200
+        deadline = time.monotonic() + 30
+        while sum(name_of(pid) == "daphne" for pid in children_of(launcher.pid)) < 2 or daphnes[0] in children_of(
+            launcher.pid
+        ):
+            assert time.monotonic() < deadline, "the killed daphne was not started again within 30 s"
+            time.sleep(0.5)
+    finally:
+        launcher.send_signal(signal.SIGTERM)
+        rest, _ = launcher.communicate(timeout=60)
+    assert launcher.returncode == 0, rest
+    assert "warning: daphne was killed (SIGKILL); started it again" in rest

@@ -6,7 +6,8 @@ The coordinators process watches the database. A job whose devices all accepted 
 of this process): it hosts the job's store on loopback (agents' device processes reach it through this process's
 store gateway on ASTEROID_STORE_PORT, with the job's secret their `start` carries: workers/storelink.py),
 tells each agent to start its device process (`start` with `coordinated`), and from then on owns the run:
-iterations are committed from the events the agents send (stored by the site, read back here), a device whose
+iterations are committed from the events the agents send (stored by the site and added to the job's
+Redis stream, webapp/jobs/eventstream.py, which this process reads without polling the database), a device whose
 process dies or goes silent is recovered from (re-plan, restore, replay), and administrators' actions
 (`JobAction`: remove or add a device) become graceful leaves and joins at the next iteration boundary. What the
 coordinator reports (device-lost, replan, replay, recovered, device-left, device-joined) is stored, logged in
@@ -24,40 +25,32 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
-from datetime import timedelta
 from pathlib import Path
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Q
 from django.utils import timezone
 
 from engine.errors import UserError
 from webapp.devices.agents import tell_agent
 from webapp.devices.models import Device
-from webapp.jobs import leases
+from webapp.jobs import eventstream, lag, leases
 from webapp.jobs.actions import enlist
 from webapp.jobs.artifacts import job_dir
 from webapp.jobs.ending import fail, finish
-from webapp.jobs.models import Job, JobAction, JobDevice, JobEvent
+from webapp.jobs.models import Job, JobAction, JobDevice
 from webapp.jobs.notify import job_log, notify
 from webapp.jobs.runevents import apply_event, device_state, move
 from workers.storelink import Gateway
 
 log = logging.getLogger(__name__)
 
-# What the coordinator needs of the devices' events (steps are many, and only the dashboard wants them) ...
-DEVICE_EVENTS = ("device-start", "iteration", "device-done", "device-error", "job-stopped", "restore")
-# ... and the steps' measured compute, for drift: read as they come, not read again (a late one is one step less)
-MEASUREMENTS = ("step",)
-POLL_S = 0.05  # how often a coordinator reads new device events
 WATCH_S = 0.5  # how often the process looks for new jobs, cancelled jobs and administrators' actions
 OFFLINE_CHECK_S = 1.0
 GONE = (JobDevice.State.LEFT, JobDevice.State.LOST, JobDevice.State.STOPPED)  # rows that must be claimed again
 SITE_STOPPING = "the site is stopping"  # a coordinator stopped for this leaves its job running: it resumes
 LEASE_LOST = "another coordinators process took the job over"  # (this one could not renew its lease in time)
 LEFT_RUNNING = (SITE_STOPPING, LEASE_LOST)
-LATE_S = 30.0
 RESEND_S = 2.0  # how often `start` is sent again to an agent whose device process has not started
 
 
@@ -84,14 +77,12 @@ def run_dir(job: Job | int) -> Path:
 
 class RemoteFleet:
     """The coordinator's devices (engine.runtime.coordinator.Fleet) as the agents run them: `spawn` tells an agent
-    to start its device process, events are the ones the agents sent (the site stored them), a device's exit is
+    to start its device process, events are the ones the agents sent (read from the job's stream), a device's exit is
     its agent's `job-stopped` report or the agent going offline, and `kill_one` asks the agent to SIGKILL it."""
 
     def __init__(self, job_id: int, owner: str = ""):
         self.job_id, self.owner = job_id, owner  # `owner`: the lease this coordinator runs under (fencing)
-        self.first = JobEvent.objects.filter(job_id=job_id).order_by("-pk").values_list("pk", flat=True).first() or 0
-        self.last = self.first  # events before it are an earlier coordinator's
-        self.seen: set[int] = set()
+        self.stream = eventstream.Reader(job_id)  # from now: what was sent before is an earlier coordinator's
         self.pending: collections.deque[dict] = collections.deque()
         self.codes: dict[str, int] = {}
         self.whys: dict[str, str] = {}
@@ -146,18 +137,9 @@ class RemoteFleet:
                 entry[2] = t
                 tell_agent(entry[0], entry[1])
 
-    def _poll(self) -> None:
-        # Two agents' batches may commit out of id order (PostgreSQL): the last LATE_S seconds are read again.
-        recent = timezone.now() - timedelta(seconds=LATE_S)
-        late = Q(pk__gt=self.last, type__in=DEVICE_EVENTS + MEASUREMENTS) | Q(
-            pk__gt=self.first, created_at__gte=recent, type__in=DEVICE_EVENTS
-        )
-        rows = list(JobEvent.objects.filter(late, job_id=self.job_id).order_by("pk").values_list("pk", "data"))
-        for pk, data in rows:
-            if pk in self.seen:
-                continue
-            self.seen.add(pk)
-            self.last = max(self.last, pk)
+    def _take(self, timeout: float) -> None:
+        for entry, _agent, data in self.stream.read(timeout):
+            lag.event(entry)
             if data["type"] in ("device-start", "job-stopped", "device-error"):
                 self.starting.pop(data["device"], None)
             if data["type"] == "job-stopped":  # the device's process ended without done or error
@@ -167,20 +149,16 @@ class RemoteFleet:
                     self.codes[data["device"]] = -9 if "SIGKILL" in data.get("why", "") else 1
                     self.whys[data["device"]] = data.get("why") or data["reason"].replace("-", " ")
             else:
-                self.pending.append(dict(data))
+                self.pending.append(data)
 
     def get(self, timeout: float) -> dict | None:
-        deadline = time.monotonic() + timeout
         self._resend()
-        while not self.pending:
-            self._poll()
-            if self.pending or time.monotonic() >= deadline:
-                break
-            time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
+        if not self.pending:
+            self._take(timeout)
         return self.pending.popleft() if self.pending else None
 
     def drain(self) -> Iterator[dict]:
-        self._poll()
+        self._take(0.0)
         while self.pending:
             yield self.pending.popleft()
 
@@ -412,6 +390,10 @@ def serve(store_port: int | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     port = settings.ASTEROID_STORE_PORT if store_port is None else store_port
+    if not settings.REDIS_URL:
+        log.error("coordinators: device events reach the coordinators through Redis: set REDIS_URL "
+                  "(`make run` starts an embedded one)")  # fmt: skip
+        return 1
     try:
         gateway = store_gateway(port)
     except OSError as exc:
@@ -422,13 +404,16 @@ def serve(store_port: int | None = None) -> int:
     log.info("coordinators: serving (jobs' store gateway on %s:%s)", settings.ASTEROID_HOST, gateway.port)
     try:
         while True:
+            woke = time.monotonic()
             try:
                 coordinators.step()
+                lag.publish(coordinators.owner, len(coordinators.threads))
             except _Stop:
                 raise
-            except Exception:  # a database hiccup must not take every running job's coordinator down
+            except Exception:  # a database or Redis hiccup must not take every running job's coordinator down
                 log.exception("coordinators: watching the jobs")
             time.sleep(WATCH_S)
+            lag.loop(time.monotonic() - woke - WATCH_S)  # late by what the step took beyond the sleep
     except _Stop:
         coordinators.stop()
     return 0

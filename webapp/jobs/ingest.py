@@ -9,6 +9,7 @@ from django.db import transaction
 
 from engine import events
 from webapp.devices.models import Device
+from webapp.jobs import eventstream
 from webapp.jobs.ending import fail, finish, release
 from webapp.jobs.models import Job, JobDevice, JobEvent
 from webapp.jobs.notify import browser_event, held, job_log, notify
@@ -24,16 +25,14 @@ AFTER_THE_END = ("device-done", "device-error", "job-stopped")
 
 def record_events(device: Device, items: list[dict], through: int | None = None) -> int:
     """Store a batch of sequenced, checked events from `device`'s agent and apply them in one transaction,
-    drop duplicates, relay them; returns the highest seq now stored (what to acknowledge). `through`: the
-    batch's highest seq, counting events that were rejected as malformed (acknowledged, never stored)."""
+    drop duplicates, relay them, and add those its job's coordinator reads to the job's stream; returns the
+    highest seq now stored (what to acknowledge). `through`: the batch's highest seq, counting events that were
+    rejected as malformed (acknowledged, never stored)."""
     top = max([it["seq"] for it in items] + [through or 0])
-    if top <= device.last_seq:
-        return device.last_seq
-    fresh = [it for it in items if it["seq"] > device.last_seq]
-    rows = JobDevice.objects.filter(device=device, job_id__in={it["job"] for it in fresh}).select_related("job")
+    rows = JobDevice.objects.filter(device=device, job_id__in={it["job"] for it in items}).select_related("job")
     jobs = {r.job_id: r for r in rows}
-    stored, steps = [], {}
-    for it in fresh:
+    stored, streamed, steps = [], [], {}
+    for it in items:
         ev, row = it["event"], jobs.get(it["job"])
         if row is None:
             log.warning("device %s sent an event for job %s, which it is not part of; dropped", device.name, it["job"])
@@ -47,20 +46,29 @@ def record_events(device: Device, items: list[dict], through: int | None = None)
             continue
         if "device" in ev:
             ev["device"] = row.name  # what it says about itself, under the name its job knows it by
+        if ev["type"] in eventstream.FOR_COORDINATOR:
+            # (a batch sent again is streamed again: it may have been stored by a process that died before it
+            # streamed it; the coordinator reads each seq once)
+            streamed.append((row.job_id, device.name, device.session, it["seq"], ev))
+        if it["seq"] <= device.last_seq:
+            continue  # stored already
         stored.append(JobEvent(job_id=row.job_id, device=device.name, type=ev["type"], data=ev))
         if ev["type"] == "step":
             steps.setdefault(row.job_id, []).append(browser_event(ev))
-    # A stored event is an applied one: both happen, or neither; watchers hear of them once they have.
-    with held(), transaction.atomic():
-        JobEvent.objects.bulk_create(stored)
-        Device.objects.filter(pk=device.pk).update(last_seq=top)
-        for job_id, batch in steps.items():
-            notify(job_id, {"type": "steps", "steps": batch})
-        for ev in stored:
-            if ev.type != "step":
-                _apply(jobs[ev.job_id], ev.data)
-    device.last_seq = top
-    return top
+    if top > device.last_seq:
+        # A stored event is an applied one: both happen, or neither; watchers hear of them once they have.
+        with held(), transaction.atomic():
+            JobEvent.objects.bulk_create(stored)
+            Device.objects.filter(pk=device.pk).update(last_seq=top)
+            for job_id, batch in steps.items():
+                notify(job_id, {"type": "steps", "steps": batch})
+            for ev in stored:
+                if ev.type != "step":
+                    _apply(jobs[ev.job_id], ev.data)
+        device.last_seq = top
+    # After the commit (the coordinator reads what the database has), before the acknowledgement.
+    eventstream.publish(streamed)
+    return device.last_seq
 
 
 def _device_state(row: JobDevice, state: str, **fields) -> None:

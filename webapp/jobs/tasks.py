@@ -15,6 +15,7 @@ from webapp.jobs.ending import device_lost, fail
 from webapp.jobs.models import Job, JobDevice
 from webapp.jobs.notify import job_log, set_status
 from webapp.jobs.planning import pick_devices, plan_all
+from webapp.jobs.retention import compact_finished
 
 log = logging.getLogger(__name__)
 
@@ -76,3 +77,9 @@ def health_check() -> dict:
         fail(job, f"device(s) {', '.join(waiting)} did not accept the job within "
                   f"{settings.ASTEROID_ACCEPT_TIMEOUT_S} s; are their agents running?")  # fmt: skip
     return {"offline": lost, "unaccepted": unanswered}
+
+
+@shared_task(time_limit=600)
+def compact_steps() -> dict:
+    """Move the step events of jobs that finished to their archives (webapp/jobs/retention.py)."""
+    return compact_finished()

@@ -19,6 +19,7 @@ from webapp.jobs import actions, ending, figures, launching, planning, rows
 from webapp.jobs.artifacts import model_path
 from webapp.jobs.forms import JobForm
 from webapp.jobs.models import Job, JobDevice, JobEvent, read_plan
+from webapp.jobs.retention import archived_steps
 from webapp.jobs.submit import request_of, submit, visible_job
 
 
@@ -170,9 +171,12 @@ def job_model(request, job_id: int):
 def job_trace(request, job_id: int):
     """Every measured step of the run as a Chrome trace (chrome://tracing, https://ui.perfetto.dev)."""
     job = _job(request, job_id)
-    rows = JobEvent.objects.filter(job=job, type="step").values_list("data", flat=True)
+    if job.steps_compacted:  # every step is in the archive (those kept in the database too)
+        rows = archived_steps(job)
+    else:
+        rows = JobEvent.objects.filter(job=job, type="step").values_list("data", flat=True).iterator()
     steps = []
-    for ev in rows.iterator():
+    for ev in rows:
         try:
             steps.append(StepEvent.from_message(ev))
         except UserError:  # stored before the site checked events: left out of the trace

@@ -69,11 +69,12 @@ def socket_url(base: str, path: str) -> str:
     return f"{scheme}://{parts.netloc}{parts.path}{path}"
 
 
-def create_token(user: str) -> str:
-    """A new API token from `manage.py createtoken USER` (its last line), run with this process's environment."""
+def create_token(user: str, env: dict | None = None) -> str:
+    """A new API token from `manage.py createtoken USER` (its last line), run with `env` (default: this process's
+    environment)."""
     command = [sys.executable, "manage.py", "createtoken", user, "--name", "bench"]
     try:
-        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=TOKEN_TIMEOUT_S)
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=TOKEN_TIMEOUT_S, env=env)
     except subprocess.TimeoutExpired:
         raise BenchError(f"manage.py createtoken {user} took over {TOKEN_TIMEOUT_S:.0f} s; pass --token") from None
     except OSError as exc:

@@ -50,6 +50,19 @@ def _positive_float(high: float):
     return parse
 
 
+def _non_negative(high: float):
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not (math.isfinite(value) and 0 <= value <= high):
+            raise argparse.ArgumentTypeError(f"must be from 0 to {high:g}, got {text}")
+        return value
+
+    return parse
+
+
 def local_url(text: str) -> str:
     """The site's base URL: http(s) on 127.0.0.1 or localhost only (this is a load generator)."""
     try:
@@ -93,6 +106,17 @@ example:
 """
 
 
+CONTROL_EPILOG = """\
+examples:
+  .venv/bin/python -m workers.sitebench control --agents 500 --jobs 50 --browsers 100 --seconds 60 --kill-after 30
+  .venv/bin/python -m workers.sitebench control --daphnes 2 --coordinators 2 --celery 2 \\
+      --database-url postgres://postgres@127.0.0.1:5432/bench --redis-url redis://127.0.0.1:6379/0 --kill-after 30
+
+The site under test runs in a new directory under /tmp (its log: site.log there), on free ports, with no
+emulated agents; the boards are named bench-000, bench-001, ...; its jobs train mobilenetv2, batch 32.
+"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog=PROG, description="Benchmarks of a running Asteroid site.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
@@ -122,6 +146,36 @@ def build_parser() -> argparse.ArgumentParser:
     )
     live.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
     live.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    control = sub.add_parser(
+        "control",
+        help="the control plane at scale: a site of its own, many boards, jobs and browsers, and processes killed",
+        description="Start a site of its own (embedded SQLite and Redis, or --database-url / --redis-url), with "
+        "--daphnes, --coordinators and --celery processes; enroll --agents boards (the real agent's session each, "
+        "heartbeating); run --jobs jobs of --job-devices boards each, whose devices send what a training run sends "
+        "(its steps and iterations) at the rate its plan predicts; watch them with --browsers sockets; kill a "
+        "coordinators and a daphne process after --kill-after s. Reports latencies, what was lost, job restarts, "
+        "rows and bytes per job-hour (before and after compaction) and CPU per process.",
+        epilog=CONTROL_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    control.add_argument("--agents", type=_int_in(1, 2000), default=500, help="boards (default 500)")
+    control.add_argument("--jobs", type=_int_in(1, 500), default=50, help="concurrent jobs (default 50)")
+    control.add_argument("--job-devices", type=_int_in(1, 16), default=2, help="boards per job (default 2)")
+    control.add_argument("--browsers", type=_int_in(1, MAX_SUBSCRIBERS), default=100,
+                         help="browser sockets, spread over the jobs (default 100)")  # fmt: skip
+    control.add_argument(
+        "--seconds", type=_positive_float(MAX_SECONDS), default=60.0, help="streaming time (default 60)"
+    )
+    control.add_argument("--kill-after", type=_non_negative(MAX_SECONDS), default=0.0,
+                         help="kill a coordinators and a daphne process this many s in (default 0: none)")  # fmt: skip
+    control.add_argument("--daphnes", type=_int_in(1, 16), default=1, help="daphne processes (default 1)")
+    control.add_argument("--coordinators", type=_int_in(1, 16), default=1,
+                         help="coordinators processes (default 1; more need --database-url)")  # fmt: skip
+    control.add_argument("--celery", type=_int_in(1, 16), default=1, help="Celery workers (default 1)")
+    control.add_argument("--database-url", default="", help="PostgreSQL for the site (default: its own SQLite)")
+    control.add_argument("--redis-url", default="", help="Redis for the site (default: its own embedded one)")
+    control.add_argument("--json", action="store_true", help="print one JSON document instead of the report")
+    control.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     return parser
 
 
@@ -144,4 +198,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             )
         if args.token is not None and not args.token.strip():
             fail("--token is empty")
+    if args.command == "control":
+        if args.jobs * args.job_devices > args.agents:
+            fail(f"{args.jobs} jobs of {args.job_devices} boards need {args.jobs * args.job_devices} boards; "
+                 f"--agents is {args.agents}")  # fmt: skip
+        if args.kill_after and args.kill_after >= args.seconds:
+            fail(f"--kill-after {args.kill_after:g} is not within the --seconds {args.seconds:g} of streaming")
+        if args.coordinators > 1 and not args.database_url.startswith(("postgres://", "postgresql://")):
+            fail("more than one coordinators process needs PostgreSQL: give --database-url postgres://...")
+        if args.redis_url and not args.redis_url.startswith(("redis://", "rediss://")):
+            fail(f"--redis-url {args.redis_url!r} is not a redis:// URL")
     return args

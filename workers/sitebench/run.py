@@ -143,6 +143,13 @@ async def _cancel(api: Api, agent: BenchAgent, job_id: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
+        if args.command == "control":
+            from workers.sitebench.control import run_control
+            from workers.sitebench.tally import render_control
+
+            result = asyncio.run(run_control(args))
+            print(json.dumps(result, indent=2) if args.json else render_control(result))
+            return 0
         result = asyncio.run(run_live(args))
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

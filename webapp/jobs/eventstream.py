@@ -1,0 +1,102 @@
+"""Device events on their way to their job's coordinator: one Redis stream per job, read in order, each event once.
+
+    publish([(job_id, device, session, seq, event), ...])     # the site, as it stores an agent's batch
+    reader = Reader(job_id)                                   # a coordinator, when it starts (or takes over)
+    for entry, device, event in reader.read(timeout=0.05): ...  # blocks on the stream (XREAD BLOCK), no polling
+
+The site adds an agent's batch to the stream before it commits the batch to the database and acknowledges it,
+so an event the agent saw acknowledged is on the stream; one whose batch failed to commit is sent again by the
+agent and added again, and the reader drops it as already read (by its agent's session and sequence number).
+A reader starts at the stream's end: what an earlier coordinator of the job was sent is not for it (its
+device processes are started again from the job's central replica), everything after reaches it in order,
+whichever site process stored it and whichever coordinators process reads it.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+import redis
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+# What a coordinator reads of its devices' events: what it acts on, and the steps' measured compute (for drift);
+# the rest (scores, traces) only the site keeps.
+FOR_COORDINATOR = ("device-start", "iteration", "device-done", "device-error", "job-stopped", "restore", "step")
+KEEP = 50_000  # entries kept per job (approximately: trimmed as Redis finds convenient), ~ hours of steps
+TTL_S = 7 * 24 * 3600  # a stream nobody adds to for a week goes (the job ended long ago)
+BATCH = 1000  # entries read at most per call
+
+_client: redis.Redis | None = None
+_client_lock = threading.Lock()
+
+
+def client() -> redis.Redis:
+    """This process's Redis client for the streams (thread-safe: a connection pool), made at first use."""
+    global _client
+    with _client_lock:
+        if _client is None:
+            if not settings.REDIS_URL:
+                raise ImproperlyConfigured(
+                    "device events reach their job's coordinator through Redis: set REDIS_URL (`make run` starts an "
+                    "embedded one)"
+                )
+            _client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=30, health_check_interval=30)
+        return _client
+
+
+def stream_key(job_id: int) -> str:
+    """The job's stream, named after the site's database too: sites sharing one Redis never share a stream."""
+    database = settings.DATABASES["default"]
+    site = f"{database.get('HOST') or ''}:{database.get('PORT') or ''}/{database['NAME']}"
+    return f"asteroid:{site}:job:{job_id}:device-events"
+
+
+def publish(entries: Iterable[tuple[int, str, str, int, dict]]) -> None:
+    """Append (job id, device, its agent's session, the event's seq, event) to each job's stream, in order."""
+    entries = list(entries)
+    if not entries:
+        return
+    pipe = client().pipeline(transaction=False)
+    for job_id, device, session, seq, event in entries:
+        fields = {"device": device, "session": session, "seq": seq, "event": json.dumps(event)}
+        pipe.xadd(stream_key(job_id), fields, maxlen=KEEP, approximate=True)
+    for job_id in {e[0] for e in entries}:
+        pipe.expire(stream_key(job_id), TTL_S)
+    pipe.execute()
+
+
+def forget(job_id: int) -> None:
+    """Delete a job's stream (its run is over)."""
+    client().delete(stream_key(job_id))
+
+
+class Reader:
+    """One coordinator's reading of its job's stream: from where the stream ends when it is made, in order, each
+    (agent session, seq) once."""
+
+    def __init__(self, job_id: int) -> None:
+        self.key = stream_key(job_id)
+        newest = client().xrevrange(self.key, count=1)
+        self.last: Any = newest[0][0] if newest else b"0-0"
+        self.seqs: dict[tuple[str, str], int] = {}  # (device, session) -> the highest seq read
+
+    def read(self, timeout: float) -> list[tuple[bytes, str, dict]]:
+        """The events added since the last read, as (entry id, device, event); waits up to `timeout` s for the
+        first. (An entry id is "<Redis's clock at the add, ms>-<n>".)"""
+        block = int(timeout * 1000)
+        reply = client().xread({self.key: self.last}, count=BATCH, block=block if block > 0 else None)
+        out = []
+        for _key, entries in reply or ():
+            for entry_id, fields in entries:
+                self.last = entry_id
+                device, session = fields[b"device"].decode(), fields[b"session"].decode()
+                seq = int(fields[b"seq"])
+                if seq <= self.seqs.get((device, session), 0):
+                    continue  # added again after its batch failed to commit: read already
+                self.seqs[(device, session)] = seq
+                out.append((entry_id, device, json.loads(fields[b"event"])))
+        return out
