@@ -176,6 +176,9 @@ ASTEROID_STORE_HOST = env_str("ASTEROID_STORE_HOST", urlsplit(ASTEROID_SITE_URL)
 # A device process whose heartbeats stop this long is lost: by default what a LAN can deliver (a heartbeat stuck
 # behind a full link queue, a 2 s link outage ridden out by TCP's retransmissions; engine.runtime.detection).
 ASTEROID_DETECT_S = env_seconds("ASTEROID_DETECT_S", round(detection_window(), 1), minimum=0.5)
+# Each device of a job reports the steps (its live timeline, its trace) of at most one iteration per this many
+# seconds; 0: of every iteration (webapp/jobs/coordinating.py run_options; engine RunOptions.steps_every_s).
+ASTEROID_STEPS_EVERY_S = env_seconds("ASTEROID_STEPS_EVERY_S", 1.0, minimum=0.0)
 ASTEROID_RUN_TIMEOUT_S = env_int("ASTEROID_RUN_TIMEOUT_S", 60, minimum=1)  # the runtime's rendezvous timeout
 # A coordinators process holds a lease on each job it runs, renewed a few times per lease; one that dies has its
 # jobs taken over by another process this long after its last renewal (webapp/jobs/leases.py).

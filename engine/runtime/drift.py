@@ -61,12 +61,15 @@ class Drift:
                 self.drift = 0
 
     def _measured_speeds(self, k: int) -> dict[str, float]:
-        """Each device's compute in iteration k against its planned compute: the slow ones' factors."""
+        """Each device's compute in iteration k (or the last before it whose steps were reported) against its
+        planned compute: the slow ones' factors."""
         gen = self.generation
         busy: dict[str, float] = {}
         by_kind: dict[tuple[str, str], float] = {}
-        for e in self.collected.steps:
-            if e.iteration == k and e.generation == gen.number and e.kind in ("F", "B", "W"):
+        computed = [e for e in self.collected.steps if e.generation == gen.number and e.kind in ("F", "B", "W")]
+        k = max((e.iteration for e in computed if e.iteration <= k), default=k)  # the last one reported (steps_every_s)
+        for e in computed:
+            if e.iteration == k:
                 kind = "F" if e.kind == "F" else "B"  # a split backward's two halves (B and W) are its backward
                 busy[e.device] = busy.get(e.device, 0.0) + e.end - e.start
                 by_kind[e.device, kind] = by_kind.get((e.device, kind), 0.0) + e.end - e.start

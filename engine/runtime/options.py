@@ -12,6 +12,8 @@ The options a job's owner chooses are declared with `option(...)`: label, help a
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
@@ -58,6 +60,9 @@ class RunOptions:
         0, 100_000,
     )  # fmt: skip
     eval_samples: int = 512  # at most this many held-out samples, in whole batches
+    # each device reports the steps of at most one iteration per this many real seconds (0: of every iteration):
+    # a site watching many boards whose iterations take a tenth of a second needs no more for its timelines
+    steps_every_s: float = 0.0
     # the levels a re-plan may put on stage boundaries, as `--compression` takes them (None: the first plan's)
     compression: str | None = None
     # the pipeline schedule, of the first plan and of every re-plan: auto simulates each and keeps the fastest
@@ -65,6 +70,14 @@ class RunOptions:
         "auto", "Schedule", "how each stage orders its forward and backward steps; the zero-bubble schedules split "
         "the backward to fill the pipeline's idle time", choices=SCHEDULE_CHOICES,
     )  # fmt: skip
+
+    def reports_steps(self, k: int, start: int, iteration_s: float) -> bool:
+        """Whether the devices report iteration k's steps, when an iteration takes `iteration_s` real seconds:
+        every iteration, or one in n (from the generation's first) so that one iteration's steps go out per
+        `steps_every_s`. Every device of the generation computes the same."""
+        if self.steps_every_s <= 0 or not iteration_s > 0:
+            return True
+        return (k - start) % max(1, math.floor(self.steps_every_s / iteration_s)) == 0
 
     def __post_init__(self) -> None:
         for name, (types, _) in schema(RunOptions).items():
@@ -87,6 +100,8 @@ class RunOptions:
             raise UserError(f"generation must not be negative, got {self.generation}")
         if self.eval_every < 0:
             raise UserError(f"eval-every must be 0 (never) or more, got {self.eval_every}")
+        if not (self.steps_every_s >= 0 and math.isfinite(self.steps_every_s)):
+            raise UserError(f"steps-every must be 0 (every iteration) or more seconds, got {self.steps_every_s}")
         if self.eval_samples < 1:
             raise UserError(f"eval samples must be at least 1, got {self.eval_samples}")
         if self.compression is not None:

@@ -78,6 +78,7 @@ class _Device(Waits, Links, SplitSteps, Copies, Evaluation, StageAllReduce):
             )
         self.test = None  # the held-out split, loaded at the first evaluation
         self.quiet = False  # no step events (an evaluation's steps are not the iteration's)
+        self.reporting = True  # this iteration's steps are reported (RunOptions.steps_every_s)
         self.clock = Clock(None)
         self.t0 = 0.0
         self.iteration = -1
@@ -251,7 +252,7 @@ class _Device(Waits, Links, SplitSteps, Copies, Evaluation, StageAllReduce):
     # -- the schedule ---------------------------------------------------------------------------------
 
     def _event(self, kind: str, mb: int, start: float, end: float, peer: str = "") -> None:
-        if self.quiet:
+        if self.quiet or not self.reporting:
             return
         t0, clock = self.t0, self.clock
         step = StepEvent(
@@ -284,6 +285,8 @@ class _Device(Waits, Links, SplitSteps, Copies, Evaluation, StageAllReduce):
         """Run iteration k (0-based); returns True when the devices agreed to stop at its end."""
         plan, st, clock = self.plan, self.st, self.clock
         self.iteration = k
+        real_s = self.gen.predicted_iteration_s * (clock.dilation or 1.0)
+        self.reporting = self.opts.reports_steps(k, self.gen.start, real_s)
         indices = batch_indices(len(self.data), plan.batch_size, self.opts.seed, k)
         saved_buffers = layerstate.buffers(self.layers, *self.own)
         try:

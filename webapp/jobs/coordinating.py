@@ -31,6 +31,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from engine import events
 from engine.errors import UserError
 from webapp.devices.agents import tell_agent
 from webapp.devices.models import Device
@@ -207,6 +208,7 @@ def run_options(job: Job):
         emulate=job.emulated,
         timeout_s=settings.ASTEROID_RUN_TIMEOUT_S,
         save_model=True,
+        steps_every_s=settings.ASTEROID_STEPS_EVERY_S,
     )
 
 
@@ -226,7 +228,10 @@ def coordinator_for(job: Job, owner: str = ""):
         plan,
         w,
         run_options(job),
-        emit=lambda ev: (not owner or leases.holds(job.pk, owner)) and apply_event(job.pk, ev),
+        # (what it reports itself; the devices' events were stored by the site already)
+        emit=lambda ev: (
+            ev.get("type") in events.sent_by("coordinator") and (not owner or leases.holds(job.pk, owner)) and apply_event(job.pk, ev)
+        ),
         run_dir=directory,
         resume=resume,
         fleet=RemoteFleet(job.pk, owner),

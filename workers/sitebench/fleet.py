@@ -12,6 +12,7 @@ import threading
 import time
 
 from engine.events import DeviceStart, Iteration, StepEvent
+from engine.runtime.options import RunOptions
 from workers.connection import Connection
 from workers.sitebench.agent import BenchAgent, BenchRunner
 
@@ -49,6 +50,8 @@ class FleetRunner(BenchRunner):
         self.starts: list[tuple[float, dict]] = []  # (when, the start message)
 
     def start(self, msg: dict) -> None:
+        if msg.get("job") is not None and msg.get("job") == self.accepted and self.job is None:
+            return  # a start its coordinator sent again before it heard of the cancel: nothing to run
         super().start(msg)
         self.starts.append((time.monotonic(), msg))
 
@@ -75,7 +78,8 @@ def steps_per_iteration(plan: dict, name: str) -> list[tuple[int, str]]:
 
 class JobSender:
     """One job's devices sending their events, open loop: iteration k's at t0 + k x the plan's predicted
-    iteration time, each device its steps and the first one the iteration. After a later `start` (another
+    iteration time, each device its steps (of the iterations the job's steps_every_s reports) and the first one
+    the iteration. After a later `start` (another
     coordinators process took the job over) they carry on in that generation, as devices restored from a fresh
     replica do."""
 
@@ -83,6 +87,7 @@ class JobSender:
         self.job, self.agents = job, agents
         first = agents[0].runner.starts[0][1]
         self.plan, self.every = first["plan"], max(0.01, float(first.get("predicted_iteration_s") or 0.5))
+        self.options = RunOptions.from_dict(first["options"])  # its steps_every_s: which iterations' steps go out
         self.sent_iterations: dict[int, float] = {}  # iteration -> when added
         self.sent_steps: dict[tuple, float] = {}  # (device, iteration, micro-batch, kind) -> when added
         self.generation = 0
@@ -117,8 +122,9 @@ class JobSender:
                 self.generations.append((time.monotonic(), generation))
                 self._say_started(generation)
             now = time.monotonic()
+            reported = self.options.reports_steps(k, 0, self.every)
             for agent in self.agents:
-                for mb, kind in parts[agent.name]:
+                for mb, kind in parts[agent.name] if reported else ():
                     ev = StepEvent(agent.name, stages[agent.name], mb, kind, 0.0, self.every, iteration=k,
                                    generation=generation)  # fmt: skip
                     agent.outbox.add(self.job, ev.to_message())

@@ -42,6 +42,22 @@ def test_each_family_trains_and_its_loss_falls(model, stages, batch, micro):
     assert events[-1] == {"type": "run-stop", "status": "completed", "wall_s": pytest.approx(result.wall_s, abs=1)}
 
 
+def test_steps_every_s_reports_one_iteration_in_n_and_every_iteration_still_commits():
+    opts = RunOptions(steps_every_s=1.0)
+    assert [k for k in range(3, 12) if opts.reports_steps(k, 3, 0.25)] == [3, 7, 11]  # 1 s / 0.25 s: one in 4
+    assert all(opts.reports_steps(k, 0, 2.0) for k in range(5))  # iterations longer than the period: all
+    assert all(RunOptions().reports_steps(k, 0, 0.01) for k in range(5))  # 0: every iteration (the default)
+    with pytest.raises(UserError, match="steps-every must be 0"):
+        RunOptions(steps_every_s=-1.0)
+    plan = make_plan("mobilenetv2", cluster_of("nx", "tx2"), 8, 2, [(0, 9, [("nx-0", 4)]), (9, 21, [("tx2-1", 4)])])
+    events = []
+    opts = RunOptions(iterations=4, emulate=False, dataset_size=16, steps_every_s=1e6)  # only the first
+    result = train(plan, model_workload("mobilenetv2"), opts, on_event=events.append)
+    assert len(result.loss) == 4
+    assert sorted({e["iteration"] for e in events if e["type"] == "step"}) == [0]
+    assert [e["iteration"] for e in events if e["type"] == "iteration"] == [0, 1, 2, 3]
+
+
 def test_a_killed_device_is_named_with_the_iteration_users_see_and_the_run_goes_on_without_it():
     plan = make_plan(
         "mobilenetv2",
