@@ -13,7 +13,6 @@ The options a job's owner chooses are declared with `option(...)`: label, help a
 from __future__ import annotations
 
 import math
-
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 

@@ -228,16 +228,20 @@ def coordinator_for(job: Job, owner: str = ""):
         plan,
         w,
         run_options(job),
-        # (what it reports itself; the devices' events were stored by the site already)
-        emit=lambda ev: (
-            ev.get("type") in events.sent_by("coordinator") and (not owner or leases.holds(job.pk, owner)) and apply_event(job.pk, ev)
-        ),
+        emit=lambda ev: _report(job.pk, owner, ev),
         run_dir=directory,
         resume=resume,
         fleet=RemoteFleet(job.pk, owner),
         detect_s=settings.ASTEROID_DETECT_S,
         first_generation=len(job.generations),  # a restarted site's run goes on numbering its generations
     )
+
+
+def _report(job_id: int, owner: str, ev: dict) -> None:
+    """What a coordinator reports itself, while `owner` holds the job's lease (the devices' events it passes on
+    were stored by the site already)."""
+    if ev.get("type") in events.sent_by("coordinator") and (not owner or leases.holds(job_id, owner)):
+        apply_event(job_id, ev)
 
 
 def coordinate(job_id: int, ready: threading.Event | None = None, registry: dict | None = None, owner: str = "") -> str:
