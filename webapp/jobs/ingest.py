@@ -62,8 +62,13 @@ def record_events(device: Device, items: list[dict], through: int | None = None)
             Device.objects.filter(pk=device.pk).update(last_seq=top)
             for job_id, batch in steps.items():
                 notify(job_id, {"type": "steps", "steps": batch})
-            for ev in stored:
-                if ev.type != "step":
+            # the job's progress moves once per batch: to its last iteration (a fast job's agent sends dozens)
+            last = {ev.job_id: i for i, ev in enumerate(stored) if ev.type == "iteration"}
+            for i, ev in enumerate(stored):
+                if ev.type == "iteration" and last[ev.job_id] != i:
+                    if jobs[ev.job_id].job.status in Job.ACTIVE:
+                        notify(ev.job_id, browser_event(ev.data))
+                elif ev.type != "step":
                     _apply(jobs[ev.job_id], ev.data)
         device.last_seq = top
     # After the commit (the coordinator reads what the database has), before the acknowledgement.
