@@ -1,6 +1,7 @@
-"""A coordinators process that hangs mid-job: another takes the job over once its lease expires, and the job
-completes with all its iterations (two coordinators processes on PostgreSQL and Redis, as docs/deployment.md
-sets them up; emulated boards of cluster A)."""
+"""A coordinators process that hangs mid-job and a daphne process killed: another coordinators process takes the
+job over once the lease expires, the agents reconnect to the other daphne, and the job completes with all its
+iterations (two of each process on PostgreSQL and Redis, as docs/deployment.md sets them up; emulated boards of
+cluster A)."""
 
 import json
 import os
@@ -13,7 +14,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from tests.webapp.test_startsite import ROOT, launcher_env
+from tests.webapp.test_startsite import ROOT, children_of, launcher_env, name_of
 
 pytestmark = pytest.mark.multiprocess
 
@@ -54,7 +55,8 @@ def test_a_hung_coordinators_process_loses_its_job_to_another_and_the_job_comple
     import psycopg
 
     env = launcher_env(tmp_path, DATABASE_URL=postgres, ASTEROID_CLUSTER="A", ASTEROID_COORDINATORS="2",
-                       ASTEROID_LEASE_S=str(LEASE_S), ASTEROID_ADMIN_PASSWORD="failover-password-1")  # fmt: skip
+                       ASTEROID_DAPHNES="2", ASTEROID_CELERY_WORKERS="2", ASTEROID_LEASE_S=str(LEASE_S),
+                       ASTEROID_ADMIN_PASSWORD="failover-password-1")  # fmt: skip
     if os.environ.get("REDIS_URL"):
         env["REDIS_URL"] = os.environ["REDIS_URL"]
     site = f"http://127.0.0.1:{env['ASTEROID_PORT']}"
@@ -92,6 +94,8 @@ def test_a_hung_coordinators_process_loses_its_job_to_another_and_the_job_comple
         reached = api(f"/api/jobs/{job}/")["latest"]["iteration"]
         os.kill(frozen, signal.SIGSTOP)  # hung: it holds its lease and its job's store, and renews nothing
         hung = time.monotonic()
+        daphne = next(pid for pid in children_of(launcher.pid) if name_of(pid) == "daphne")
+        os.kill(daphne, signal.SIGKILL)  # and the agents connected to this one lose their sockets
         second = wait("another process to take the job over", lambda: (h := holder()) != first and h, 60)
         taken_s = time.monotonic() - hung
         print(f"lease taken over {taken_s:.1f} s after its holder hung (ASTEROID_LEASE_S={LEASE_S})")
@@ -116,3 +120,4 @@ def test_a_hung_coordinators_process_loses_its_job_to_another_and_the_job_comple
     assert final["status"] == "completed" and final["message"].startswith("25 iterations"), (final, rest[-3000:])
     assert [g["reason"] for g in final["generations"]][:2] == ["start", "resumed"], final["generations"]
     assert "its lease was taken over; stopping this process's coordinator" in rest
+    assert "warning: daphne was killed (SIGKILL); started it again" in rest

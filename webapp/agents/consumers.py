@@ -21,6 +21,7 @@ from webapp.devices.protocol import ProtocolError, parse
 from webapp.jobs.ending import reconcile
 from webapp.jobs.ingest import record_events
 from webapp.jobs.launching import accepted, unanswered
+from webapp.lib.dispatch import DirectDispatch
 from webapp.lib.pace import Pace
 from webapp.lib.tokens import bearer
 
@@ -109,7 +110,7 @@ def _gone(device: Device, channel: str) -> None:
     )
 
 
-class AgentConsumer(AsyncWebsocketConsumer):
+class AgentConsumer(DirectDispatch, AsyncWebsocketConsumer):
     """One connected agent. Bad messages get an `error` reply and are logged; the connection stays up."""
 
     device: Device | None = None

@@ -7,6 +7,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from webapp.jobs.live import snapshot
+from webapp.lib.dispatch import DirectDispatch
 from webapp.jobs.models import Job
 
 # Close codes of a refused socket (static/js/live.js stops reconnecting on them and says why).
@@ -22,7 +23,7 @@ def _visible_snapshot(user, job_id: int) -> dict | None:
     return snapshot(job) if job else None
 
 
-class JobConsumer(AsyncJsonWebsocketConsumer):
+class JobConsumer(DirectDispatch, AsyncJsonWebsocketConsumer):
     async def connect(self):
         job_id = self.scope["url_route"]["kwargs"]["job_id"]
         self.group = f"job.{job_id}"

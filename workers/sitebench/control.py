@@ -142,8 +142,8 @@ async def run_control(args) -> dict:
         watchers = Watchers(urls, token)
         await watchers.ready()
         senders = [JobSender(j, g) for j, g in zip(job_ids, groups, strict=True)]
-        me = psutil.Process()
-        mine = me.cpu_times()
+        me, browsers = psutil.Process(), psutil.Process(watchers.proc.pid)
+        mine, theirs = me.cpu_times(), browsers.cpu_times()
         sut.cpu_mark()
         t0 = time.monotonic()
         until = t0 + args.seconds
@@ -156,8 +156,9 @@ async def run_control(args) -> dict:
         await asyncio.gather(*(s.run(until) for s in senders))
         elapsed = time.monotonic() - t0
         cpu = sut.cpu_since_mark(elapsed)
-        now = me.cpu_times()
-        cpu["benchmark (agents, senders)"] = round((now.user + now.system - mine.user - mine.system) / elapsed, 3)
+        for name, proc, before in (("benchmark: boards", me, mine), ("benchmark: browsers", browsers, theirs)):
+            now = proc.cpu_times()
+            cpu[name] = round((now.user + now.system - before.user - before.system) / elapsed, 3)
         if killer is not None:
             await killer
         deadline = time.monotonic() + 60
