@@ -113,7 +113,7 @@ examples:
       --database-url postgres://postgres@127.0.0.1:5432/bench --redis-url redis://127.0.0.1:6379/0 --kill-after 30
 
 The site under test runs in a new directory under /tmp (its log: site.log there), on free ports, with no
-emulated agents; the boards are named bench-000, bench-001, ...; its jobs train mobilenetv2, batch 32.
+emulated agents; the boards are named bench-000, bench-001, ...; its jobs train mobilenetv2 (--batch-size, default 32).
 """
 
 
@@ -166,6 +166,11 @@ def build_parser() -> argparse.ArgumentParser:
     control.add_argument(
         "--seconds", type=_positive_float(MAX_SECONDS), default=60.0, help="streaming time (default 60)"
     )
+    control.add_argument("--batch-size", type=_int_in(1, 4096), default=32,
+                         help="the jobs' batch (default 32): with the plan, it sets how fast they iterate")  # fmt: skip
+    control.add_argument("--drain", type=_positive_float(MAX_SECONDS), default=300.0,
+                         help="after streaming, how long to wait for the site to store what the boards hold "
+                         "(default 300 s); what is still held then counts as lost")  # fmt: skip
     control.add_argument("--kill-after", type=_non_negative(MAX_SECONDS), default=0.0,
                          help="kill a coordinators and a daphne process this many s in (default 0: none)")  # fmt: skip
     control.add_argument("--daphnes", type=_int_in(1, 16), default=1, help="daphne processes (default 1)")

@@ -19,7 +19,6 @@ from workers.sitebench.sut import SiteUnderTest
 from workers.sitebench.tally import summarize_control
 from workers.sitebench.watchers import Watchers
 
-JOB_BATCH = 32
 ITERATIONS = 100_000
 LAG_EVERY_S = 5.0
 
@@ -126,7 +125,7 @@ async def run_control(args) -> dict:
         groups = [agents[i * args.job_devices : (i + 1) * args.job_devices] for i in range(args.jobs)]
         for group in groups:
             job = await asyncio.to_thread(api.post, "/api/jobs/", {
-                "model": MODEL, "dataset": "synthetic", "batch_size": JOB_BATCH, "iterations": ITERATIONS,
+                "model": MODEL, "dataset": "synthetic", "batch_size": args.batch_size, "iterations": ITERATIONS,
                 "devices": [a.name for a in group]})  # fmt: skip
             job_ids.append(job["id"])
             for a in group:
@@ -161,12 +160,15 @@ async def run_control(args) -> dict:
             cpu[name] = round((now.user + now.system - before.user - before.system) / elapsed, 3)
         if killer is not None:
             await killer
-        deadline = time.monotonic() + 60
-        while any(a.outbox.acked < a.outbox.last_seq for a in agents) and time.monotonic() < deadline:
+        say(args, f"sent; waiting up to {args.drain:g} s for the site to store what the boards still hold")
+        drained = time.monotonic()
+        while any(a.outbox.acked < a.outbox.last_seq for a in agents) and time.monotonic() - drained < args.drain:
             await asyncio.sleep(0.1)
+        drain_s = time.monotonic() - drained
+        held = sum(a.outbox.last_seq - a.outbox.acked for a in agents)
         stop_lag.set()
         await sampler
-        say(args, f"sent; waiting {GRACE_S:g} s for the browsers")
+        say(args, f"stored ({drain_s:.0f} s); waiting {GRACE_S:g} s for the browsers")
         seen_iterations, seen_steps, reconnects = await watchers.finish(GRACE_S)
         stored = await asyncio.to_thread(_stored, job_ids)
         say(args, "cancelling the jobs; compacting their steps")
@@ -178,6 +180,8 @@ async def run_control(args) -> dict:
             args, senders, agents, urls, job_ids, seen_iterations, seen_steps, reconnects, stored, after, compacted,
             cpu, lags, kills, t0, elapsed,
         )  # fmt: skip
+        result["drain"] = {"seconds": round(drain_s, 1), "events_still_held": held,
+                           "steps_dropped_by_full_outboxes": sum(a.outbox.dropped for a in agents)}  # fmt: skip
         result.update(date=started.isoformat(), database=sut.env.get("DATABASE_URL", "sqlite (embedded)"),
                       redis=sut.redis_url if args.redis_url else "embedded")  # fmt: skip
         return result

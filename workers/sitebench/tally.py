@@ -125,7 +125,8 @@ def render_control(doc: dict) -> str:
     lines = [
         f"{s['agents']} boards, {s['jobs']} jobs of {s['boards_per_job']} boards, {s['browsers']} browser sockets, "
         f"{s['seconds']} s, {s['events_per_s']} events/s; {s['daphnes']} daphne, {s['coordinators']} coordinators, "
-        f"{s['celery_workers']} Celery; {doc.get('database')}, Redis {doc.get('redis')}",
+        f"{s['celery_workers']} Celery; {doc.get('database')}, Redis {doc.get('redis')}; iterations of "
+        f"{', '.join(map(str, s['iteration_s']))} s",
         "",
     ]
     rows = [[name, v["count"], v["p50"], v["p90"], v["p99"], v["max"]] for name, v in (
@@ -137,7 +138,10 @@ def render_control(doc: dict) -> str:
     lines += ["", f"coordinators: device event read {c['event_age_p50_ms']} ms after it was stored (median p50), "
                   f"worst p99 {c['event_age_p99_ms_worst']} ms; watch loop late by at most {c['loop_lag_p99_ms_worst']}"
                   f" ms (p99); {c['samples']} samples"]  # fmt: skip
-    lost = doc["lost"]
+    lost, drain = doc["lost"], doc.get("drain", {})
+    lines += [f"after streaming, the site took {drain.get('seconds')} s to store what the boards held; "
+              f"{drain.get('events_still_held')} events still held then, "
+              f"{drain.get('steps_dropped_by_full_outboxes')} steps dropped by full outboxes"]  # fmt: skip
     lines += [f"lost: {lost['iterations_not_stored']} iterations and {lost['steps_not_stored']} steps not stored; "
               f"{lost['iterations_never_shown']} iterations never shown; {lost['steps_not_shown_live']} of "
               f"{lost['steps_watched']} steps not shown live; {lost['browser_reconnects']} browser and "
