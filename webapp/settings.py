@@ -144,7 +144,9 @@ REDIS_URL = redis_url()
 if REDIS_URL:
     # redis-py 8 reads with a 5 s socket timeout by default, exactly as long as channels_redis blocks waiting for
     # a message (BZPOPMIN, 5 s): an idle consumer's read then times out and its socket is closed (1011).
-    host = {"address": REDIS_URL, "socket_timeout": 30}
+    # redis-py's asyncio pool refuses a connection past max_connections (100 by default) instead of waiting: a
+    # lab's agents all reconnecting at once (a daphne process restarted) each join their group at the same time.
+    host = {"address": REDIS_URL, "socket_timeout": 30, "max_connections": 5000}
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [host]}}}
     # one cache for every site process (the link probes' turn, webapp.devices.api.link_slot)
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}

@@ -29,7 +29,11 @@ def record_events(device: Device, items: list[dict], through: int | None = None)
     highest seq now stored (what to acknowledge). `through`: the batch's highest seq, counting events that were
     rejected as malformed (acknowledged, never stored)."""
     top = max([it["seq"] for it in items] + [through or 0])
-    rows = JobDevice.objects.filter(device=device, job_id__in={it["job"] for it in items}).select_related("job")
+    rows = (
+        JobDevice.objects.filter(device=device, job_id__in={it["job"] for it in items})
+        .select_related("job")
+        .only("name", "state", "device_id", "job__status", "job__iterations")  # not the job's plans: large, per batch
+    )
     jobs = {r.job_id: r for r in rows}
     stored, streamed, steps = [], [], {}
     for it in items:
@@ -85,7 +89,7 @@ def _device_state(row: JobDevice, state: str, **fields) -> None:
 def _apply(row: JobDevice, ev: dict) -> None:
     """What a (non-step) event means for the job and the device; then its line in the job's log (the catalogue's
     words) and the event to the job's browsers, whatever its kind."""
-    job = Job.objects.get(pk=row.job_id)
+    job = Job.objects.defer("comparison", "simulation").get(pk=row.job_id)  # (large, and not needed here)
     kind, event = ev["type"], events.parse(ev)
     said = event.level() is not None and event.line() is not None
     if kind == "device-start":
