@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections import Counter
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -171,6 +172,7 @@ async def run_control(args) -> dict:
         say(args, f"stored ({drain_s:.0f} s); waiting {GRACE_S:g} s for the browsers")
         seen_iterations, seen_steps, reconnects = await watchers.finish(GRACE_S)
         stored = await asyncio.to_thread(_stored, job_ids)
+        ends = [await asyncio.to_thread(api.get, f"/api/jobs/{j}/") for j in job_ids]  # before the cancel
         say(args, "cancelling the jobs; compacting their steps")
         for j in job_ids:
             await asyncio.to_thread(api.call, "POST", f"/api/jobs/{j}/cancel/", None, (409,))
@@ -180,6 +182,8 @@ async def run_control(args) -> dict:
             args, senders, agents, urls, job_ids, seen_iterations, seen_steps, reconnects, stored, after, compacted,
             cpu, lags, kills, t0, elapsed,
         )  # fmt: skip
+        result["jobs_at_end"] = dict(Counter(j.get("status") for j in ends))
+        result["why_jobs_ended"] = sorted({j.get("message", "") for j in ends if j.get("status") in ("failed",)})[:5]
         result["drain"] = {"seconds": round(drain_s, 1), "events_still_held": held,
                            "steps_dropped_by_full_outboxes": sum(a.outbox.dropped for a in agents)}  # fmt: skip
         result.update(date=started.isoformat(), database=sut.env.get("DATABASE_URL", "sqlite (embedded)"),

@@ -142,6 +142,11 @@ def render_control(doc: dict) -> str:
     lines += [f"after streaming, the site took {drain.get('seconds')} s to store what the boards held; "
               f"{drain.get('events_still_held')} events still held then, "
               f"{drain.get('steps_dropped_by_full_outboxes')} steps dropped by full outboxes"]  # fmt: skip
+    if doc.get("jobs_at_end"):
+        ended = ", ".join(f"{n} {status}" for status, n in sorted(doc["jobs_at_end"].items()))
+        why = "; ".join(doc.get("why_jobs_ended") or [])
+        lines += [f"jobs when streaming ended: {ended}" + (f" ({why})" if why else "") +
+                  " (a job that ended drops what its boards still send)"]  # fmt: skip
     lines += [f"lost: {lost['iterations_not_stored']} iterations and {lost['steps_not_stored']} steps not stored; "
               f"{lost['iterations_never_shown']} iterations never shown; {lost['steps_not_shown_live']} of "
               f"{lost['steps_watched']} steps not shown live; {lost['browser_reconnects']} browser and "
