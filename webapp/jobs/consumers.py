@@ -7,8 +7,8 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from webapp.jobs.live import snapshot
-from webapp.lib.dispatch import DirectDispatch
 from webapp.jobs.models import Job
+from webapp.lib.dispatch import DirectDispatch
 
 # Close codes of a refused socket (static/js/live.js stops reconnecting on them and says why).
 NOT_LOGGED_IN = 4401  # no session and no valid API token

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections import Counter
 import sys
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
