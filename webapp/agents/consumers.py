@@ -8,7 +8,6 @@ import json
 import logging
 import time
 
-from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from django.core.cache import cache
@@ -21,7 +20,7 @@ from webapp.devices.protocol import ProtocolError, parse
 from webapp.jobs.ending import reconcile
 from webapp.jobs.ingest import record_events
 from webapp.jobs.launching import accepted, unanswered
-from webapp.lib.dispatch import DirectDispatch
+from webapp.lib.dispatch import DirectDispatch, in_a_thread
 from webapp.lib.pace import Pace
 from webapp.lib.tokens import bearer
 
@@ -37,12 +36,12 @@ def _header(scope, name: bytes) -> str | None:
     return None
 
 
-@database_sync_to_async
+@in_a_thread
 def _authenticate(scope) -> Device | None:
     return Device.for_credential(bearer(_header(scope, b"authorization")))
 
 
-@database_sync_to_async
+@in_a_thread
 def _hello(device: Device, msg: dict) -> list[dict]:
     """The replies to a hello: `welcome`, then the `assign` the agent is owed, if any."""
     device.refresh_from_db()
@@ -72,7 +71,7 @@ def _hello(device: Device, msg: dict) -> list[dict]:
     return [welcome, *filter(None, [unanswered(device)])]
 
 
-@database_sync_to_async
+@in_a_thread
 def _heartbeat(device: Device, msg: dict) -> None:
     device.refresh_from_db(fields=["status", "job"])
     if msg.get("pending") == 0:  # every event it sent is applied: what it runs now is the whole truth
@@ -84,12 +83,12 @@ def _heartbeat(device: Device, msg: dict) -> None:
     Device.objects.filter(pk=device.pk).update(**fields)
 
 
-@database_sync_to_async
+@in_a_thread
 def _accepted(device: Device, msg: dict) -> None:
     accepted(device, msg["job"])
 
 
-@database_sync_to_async
+@in_a_thread
 def _events(device: Device, msg: dict) -> int:
     device.refresh_from_db(fields=["last_seq", "session"])
     return record_events(device, msg["events"], msg["last_seq"])
@@ -99,7 +98,7 @@ def _connection_key(device: Device) -> str:
     return f"asteroid:agent-connection:{device.pk}"
 
 
-@database_sync_to_async
+@in_a_thread
 def _gone(device: Device, channel: str) -> None:
     """The agent's connection closed: offline, unless a newer connection of it said hello meanwhile (a board whose
     cable was pulled reconnects before the site notices its old socket is dead)."""
@@ -147,7 +146,7 @@ class AgentConsumer(DirectDispatch, AsyncWebsocketConsumer):
             await self.send_json({"type": "clock", "t0": msg["t0"], "t1": received, "t2": time.monotonic()})
         elif msg["type"] == "hello":
             self.welcomed = True
-            await database_sync_to_async(cache.set)(_connection_key(self.device), self.channel_name, None)
+            await in_a_thread(cache.set)(_connection_key(self.device), self.channel_name, None)
             for reply in await _hello(self.device, msg):
                 await self.send_json(reply)
         elif msg["type"] == "heartbeat":
