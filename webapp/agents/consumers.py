@@ -8,6 +8,7 @@ import json
 import logging
 import time
 
+from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from django.core.cache import cache
@@ -20,7 +21,7 @@ from webapp.devices.protocol import ProtocolError, parse
 from webapp.jobs.ending import reconcile
 from webapp.jobs.ingest import record_events
 from webapp.jobs.launching import accepted, unanswered
-from webapp.lib.dispatch import DirectDispatch, in_a_thread
+from webapp.lib.dispatch import DirectDispatch
 from webapp.lib.pace import Pace
 from webapp.lib.tokens import bearer
 
@@ -36,12 +37,12 @@ def _header(scope, name: bytes) -> str | None:
     return None
 
 
-@in_a_thread
+@database_sync_to_async
 def _authenticate(scope) -> Device | None:
     return Device.for_credential(bearer(_header(scope, b"authorization")))
 
 
-@in_a_thread
+@database_sync_to_async
 def _hello(device: Device, msg: dict) -> list[dict]:
     """The replies to a hello: `welcome`, then the `assign` the agent is owed, if any."""
     device.refresh_from_db()
@@ -71,7 +72,7 @@ def _hello(device: Device, msg: dict) -> list[dict]:
     return [welcome, *filter(None, [unanswered(device)])]
 
 
-@in_a_thread
+@database_sync_to_async
 def _heartbeat(device: Device, msg: dict) -> None:
     device.refresh_from_db(fields=["status", "job"])
     if msg.get("pending") == 0:  # every event it sent is applied: what it runs now is the whole truth
@@ -83,12 +84,12 @@ def _heartbeat(device: Device, msg: dict) -> None:
     Device.objects.filter(pk=device.pk).update(**fields)
 
 
-@in_a_thread
+@database_sync_to_async
 def _accepted(device: Device, msg: dict) -> None:
     accepted(device, msg["job"])
 
 
-@in_a_thread
+@database_sync_to_async
 def _events(device: Device, msg: dict) -> int:
     device.refresh_from_db(fields=["last_seq", "session"])
     return record_events(device, msg["events"], msg["last_seq"])
@@ -98,7 +99,7 @@ def _connection_key(device: Device) -> str:
     return f"asteroid:agent-connection:{device.pk}"
 
 
-@in_a_thread
+@database_sync_to_async
 def _gone(device: Device, channel: str) -> None:
     """The agent's connection closed: offline, unless a newer connection of it said hello meanwhile (a board whose
     cable was pulled reconnects before the site notices its old socket is dead)."""
@@ -146,7 +147,7 @@ class AgentConsumer(DirectDispatch, AsyncWebsocketConsumer):
             await self.send_json({"type": "clock", "t0": msg["t0"], "t1": received, "t2": time.monotonic()})
         elif msg["type"] == "hello":
             self.welcomed = True
-            await in_a_thread(cache.set)(_connection_key(self.device), self.channel_name, None)
+            await database_sync_to_async(cache.set)(_connection_key(self.device), self.channel_name, None)
             for reply in await _hello(self.device, msg):
                 await self.send_json(reply)
         elif msg["type"] == "heartbeat":

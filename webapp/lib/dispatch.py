@@ -1,25 +1,15 @@
-"""Consumers that dispatch without channels' per-message database clean-up hop, and database work off the one
-sync thread.
+"""Consumers that dispatch without channels' per-message database clean-up hop.
 
 Channels' `AsyncConsumer.dispatch` runs `close_old_connections` through the process's one thread-sensitive sync
 thread before every message it hands to a handler. That thread is where every consumer's database work runs too:
 with hundreds of agents' messages and the browsers' relayed updates each taking a turn there, the hops alone queue
 up behind one another. Consumers whose handlers touch the database only through `database_sync_to_async` (which
 closes stale connections itself, in that thread) do not need it.
-
-`in_a_thread` runs a consumer's database work in any of the event loop's worker threads instead of that one
-thread (each thread has its own database connection): one agent's messages still go in order (its consumer
-awaits each), while many agents' batches are stored at once instead of one round trip after another.
 """
 
 from __future__ import annotations
 
-import functools
-
 from channels.consumer import get_handler_name
-from channels.db import DatabaseSyncToAsync
-
-in_a_thread = functools.partial(DatabaseSyncToAsync, thread_sensitive=False)
 
 
 class DirectDispatch:
