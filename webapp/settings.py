@@ -147,7 +147,11 @@ if REDIS_URL:
     # redis-py's asyncio pool refuses a connection past max_connections (100 by default) instead of waiting: a
     # lab's agents all reconnecting at once (a daphne process restarted) each join their group at the same time.
     host = {"address": REDIS_URL, "socket_timeout": 30, "max_connections": 5000}
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [host]}}}
+    # A socket's channel holds up to 1000 messages (channels_redis drops what a full one is sent, silently): a
+    # browser on a fast job gets one per agent batch, and falls that far behind only when daphne is overloaded.
+    CHANNEL_LAYERS = {
+        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [host], "capacity": 1000}}
+    }
     # one cache for every site process (the link probes' turn, webapp.devices.api.link_slot)
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
 else:
