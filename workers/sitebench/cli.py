@@ -37,27 +37,17 @@ def _int_in(low: int, high: int):
     return parse
 
 
-def _positive_float(high: float):
+def _number(high: float, zero: bool = False):
+    """A finite number above 0 (from 0 with `zero`) and at most `high`."""
+
     def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not (math.isfinite(value) and 0 < value <= high):
-            raise argparse.ArgumentTypeError(f"must be above 0 and at most {high:g}, got {text}")
-        return value
-
-    return parse
-
-
-def _non_negative(high: float):
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not (math.isfinite(value) and 0 <= value <= high):
-            raise argparse.ArgumentTypeError(f"must be from 0 to {high:g}, got {text}")
+        if not (math.isfinite(value) and (0 <= value if zero else 0 < value) and value <= high):
+            bounds = f"from 0 to {high:g}" if zero else f"above 0 and at most {high:g}"
+            raise argparse.ArgumentTypeError(f"must be {bounds}, got {text}")
         return value
 
     return parse
@@ -133,8 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     live.add_argument(
         "--subscribers", type=_int_in(1, MAX_SUBSCRIBERS), default=20, help="sockets on the job (default 20)"
     )
-    live.add_argument("--rate", type=_positive_float(MAX_RATE), default=100.0, help="events per second (default 100)")
-    live.add_argument("--seconds", type=_positive_float(MAX_SECONDS), default=60.0, help="sending time (default 60)")
+    live.add_argument("--rate", type=_number(MAX_RATE), default=100.0, help="events per second (default 100)")
+    live.add_argument("--seconds", type=_number(MAX_SECONDS), default=60.0, help="sending time (default 60)")
     live.add_argument(
         "--batch",
         type=_int_in(1, MAX_BATCH),
@@ -163,15 +153,13 @@ def build_parser() -> argparse.ArgumentParser:
     control.add_argument("--job-devices", type=_int_in(1, 16), default=2, help="boards per job (default 2)")
     control.add_argument("--browsers", type=_int_in(1, MAX_SUBSCRIBERS), default=100,
                          help="browser sockets, spread over the jobs (default 100)")  # fmt: skip
-    control.add_argument(
-        "--seconds", type=_positive_float(MAX_SECONDS), default=60.0, help="streaming time (default 60)"
-    )
+    control.add_argument("--seconds", type=_number(MAX_SECONDS), default=60.0, help="streaming time (default 60)")
     control.add_argument("--batch-size", type=_int_in(1, 4096), default=32,
                          help="the jobs' batch (default 32): with the plan, it sets how fast they iterate")  # fmt: skip
-    control.add_argument("--drain", type=_positive_float(MAX_SECONDS), default=300.0,
+    control.add_argument("--drain", type=_number(MAX_SECONDS), default=300.0,
                          help="after streaming, how long to wait for the site to store what the boards hold "
                          "(default 300 s); what is still held then counts as lost")  # fmt: skip
-    control.add_argument("--kill-after", type=_non_negative(MAX_SECONDS), default=0.0,
+    control.add_argument("--kill-after", type=_number(MAX_SECONDS, zero=True), default=0.0,
                          help="kill a coordinators and a daphne process this many s in (default 0: none)")  # fmt: skip
     control.add_argument("--daphnes", type=_int_in(1, 16), default=1, help="daphne processes (default 1)")
     control.add_argument("--coordinators", type=_int_in(1, 16), default=1,

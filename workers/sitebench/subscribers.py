@@ -114,40 +114,29 @@ def _recv(conn):
         return None
 
 
-class Subscribers:
-    """The child process with the subscribers, seen from the parent."""
+class ChildProcess:
+    """A child process of the benchmark (spawned) that talks over a pipe: ("error", line) or a reply per command."""
 
-    def __init__(self, url: str, token: str, count: int):
+    who = "the subscribers"
+
+    def __init__(self, target, *args):
         ctx = multiprocessing.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=subscribers_main, args=(url, token, count, child), daemon=True)
+        self.proc = ctx.Process(target=target, args=(*args, child), daemon=True)
         self.proc.start()
         child.close()
-        self.count = count
 
     async def _get(self, timeout: float, what: str):
         ready = await asyncio.to_thread(self.conn.poll, timeout)
         if not ready:
-            raise BenchError(f"the subscribers did not {what} within {timeout:.0f} s")
+            raise BenchError(f"{self.who} did not {what} within {timeout:.0f} s")
         try:
             reply = self.conn.recv()
         except (EOFError, OSError):
-            raise BenchError(
-                f"the subscribers' process ended (exit {self.proc.exitcode}) before it could {what}"
-            ) from None
+            raise BenchError(f"{self.who}' process ended (exit {self.proc.exitcode}) before it could {what}") from None
         if reply[0] == "error":
-            raise BenchError(f"subscribers: {reply[1]}")
+            raise BenchError(f"{self.who.removeprefix('the ')}: {reply[1]}")
         return reply
-
-    async def ready(self) -> None:
-        _, opened, failure = await self._get(SUBSCRIBE_TIMEOUT_S + 10, "connect")
-        if opened < self.count:
-            raise BenchError(f"only {opened} of {self.count} subscribers could connect to the job ({failure})")
-
-    async def finish(self, events: int, grace: float) -> tuple:
-        self.conn.send(("end", events, grace))
-        _, records, messages, statuses, ended = await self._get(grace + CLOSE_TIMEOUT_S + 30, "report")
-        return records, messages, statuses, ended
 
     def stop(self) -> None:
         try:
@@ -159,3 +148,21 @@ class Subscribers:
             self.proc.terminate()
             self.proc.join(5)
         self.conn.close()
+
+
+class Subscribers(ChildProcess):
+    """The child process with the subscribers, seen from the parent."""
+
+    def __init__(self, url: str, token: str, count: int):
+        super().__init__(subscribers_main, url, token, count)
+        self.count = count
+
+    async def ready(self) -> None:
+        _, opened, failure = await self._get(SUBSCRIBE_TIMEOUT_S + 10, "connect")
+        if opened < self.count:
+            raise BenchError(f"only {opened} of {self.count} subscribers could connect to the job ({failure})")
+
+    async def finish(self, events: int, grace: float) -> tuple:
+        self.conn.send(("end", events, grace))
+        _, records, messages, statuses, ended = await self._get(grace + CLOSE_TIMEOUT_S + 30, "report")
+        return records, messages, statuses, ended

@@ -4,11 +4,10 @@ iteration and step of its job arrives, and connecting again (as the live page do
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
 import time
 
 from workers.sitebench import CLOSE_TIMEOUT_S, MAX_FRAME, SUBSCRIBE_TIMEOUT_S, BenchError
-from workers.sitebench.subscribers import _load, _recv
+from workers.sitebench.subscribers import ChildProcess, _load, _recv
 
 RECONNECT_S = 0.5
 
@@ -95,29 +94,14 @@ async def _watch(urls: list[str], token: str, conn) -> None:
     conn.send(("result", iterations, steps, reconnects))
 
 
-class Watchers:
+class Watchers(ChildProcess):
     """The child process with the browsers' sockets, seen from the parent."""
 
-    def __init__(self, urls: list[str], token: str):
-        ctx = multiprocessing.get_context("spawn")
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=watchers_main, args=(urls, token, child), daemon=True)
-        self.proc.start()
-        child.close()
-        self.count = len(urls)
+    who = "the browsers"
 
-    async def _get(self, timeout: float, what: str):
-        if not await asyncio.to_thread(self.conn.poll, timeout):
-            raise BenchError(f"the browsers' sockets did not {what} within {timeout:.0f} s")
-        try:
-            reply = self.conn.recv()
-        except (EOFError, OSError):
-            raise BenchError(
-                f"the browsers' process ended (exit {self.proc.exitcode}) before it could {what}"
-            ) from None
-        if reply[0] == "error":
-            raise BenchError(f"browsers: {reply[1]}")
-        return reply
+    def __init__(self, urls: list[str], token: str):
+        super().__init__(watchers_main, urls, token)
+        self.count = len(urls)
 
     async def ready(self) -> None:
         _, opened = await self._get(SUBSCRIBE_TIMEOUT_S + 30, "connect")
@@ -128,14 +112,3 @@ class Watchers:
         self.conn.send(("end", grace))
         _, iterations, steps, reconnects = await self._get(grace + CLOSE_TIMEOUT_S + 60, "report")
         return iterations, steps, reconnects
-
-    def stop(self) -> None:
-        try:
-            self.conn.send(("abort",))
-        except OSError:
-            pass
-        self.proc.join(CLOSE_TIMEOUT_S + 5)
-        if self.proc.is_alive():
-            self.proc.terminate()
-            self.proc.join(5)
-        self.conn.close()
