@@ -1,14 +1,18 @@
-"""A finished job's step events: compacted into its archive after a quiet minute, its last iterations' kept in the
-database for its live page, every one still in its Chrome trace."""
+"""A finished job's events: archived after a quiet minute; its last iterations' steps kept in the database for its
+live page (every one still in its Chrome trace), its iterations thinned to its charts' points."""
 
 from __future__ import annotations
 
+import gzip
+import json
 from datetime import timedelta
 
 from django.utils import timezone
 
-from engine.events import StepEvent
+from engine.events import Iteration, StepEvent
 from tests.webapp.test_sockets import enrolled, running_job
+from webapp.jobs import retention
+from webapp.jobs.history import _iterations
 from webapp.jobs.live import snapshot
 from webapp.jobs.models import Job, JobEvent
 from webapp.jobs.retention import QUIET_S, archive_path, compact_finished
@@ -54,3 +58,16 @@ def test_a_job_that_just_ended_or_still_runs_keeps_its_steps(bob):
     assert compact_finished() == {"jobs": 0, "rows": 0}  # a batch stored just before the end may still arrive
     assert JobEvent.objects.filter(job=recent, type="step").count() == 12
     assert not archive_path(recent).exists()
+
+
+def test_a_long_jobs_iterations_are_thinned_to_its_charts_points_and_all_archived(bob, monkeypatch):
+    monkeypatch.setattr(retention, "KEEP_POINTS", 10)
+    job = finished_job(bob, iterations=1, ago_s=QUIET_S + 1)
+    its = [Iteration(k, 1.0 / (k + 1), 0.04, 800.0).to_message() for k in range(35)]
+    JobEvent.objects.bulk_create(JobEvent(job=job, type="iteration", data=it) for it in its)
+    compact_finished()
+    kept = [it["iteration"] for it in _iterations(job)]
+    assert kept == [0, 4, 8, 12, 16, 20, 24, 28, 32, 34]  # every 4th (35 / 10, rounded up) and the last
+    with gzip.open(archive_path(job), "rt") as f:
+        archived = [json.loads(line) for line in f]
+    assert sorted(d["data"]["iteration"] for d in archived if d["type"] == "iteration") == list(range(35))

@@ -68,8 +68,9 @@ class Job(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)  # every device accepted; `start` was sent
     finished_at = models.DateTimeField(null=True, blank=True)
     archived = models.BooleanField(default=False, db_index=True)  # kept, but out of the job list unless asked for
-    # Its step events were moved to var/jobs/<job>/steps.jsonl.gz, but its last iterations' (webapp/jobs/retention.py).
-    steps_compacted = models.BooleanField(default=False)
+    # Its step and iteration events were archived to var/jobs/<job>/events.jsonl.gz, and most left the database
+    # (webapp/jobs/retention.py).
+    compacted = models.BooleanField(default=False)
     # Which coordinators process runs its coordinator, and until when its lease holds (webapp/jobs/leases.py).
     coordinator = models.CharField(max_length=128, blank=True)
     lease_until = models.DateTimeField(null=True, blank=True)

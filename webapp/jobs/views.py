@@ -171,7 +171,7 @@ def job_model(request, job_id: int):
 def job_trace(request, job_id: int):
     """Every measured step of the run as a Chrome trace (chrome://tracing, https://ui.perfetto.dev)."""
     job = _job(request, job_id)
-    if job.steps_compacted:  # every step is in the archive (those kept in the database too)
+    if job.compacted:  # every step is in the archive (those kept in the database too)
         rows = archived_steps(job)
     else:
         rows = JobEvent.objects.filter(job=job, type="step").values_list("data", flat=True).iterator()

@@ -12,7 +12,7 @@ class Migration(migrations.Migration):
     operations = [
         migrations.AddField(
             model_name='job',
-            name='steps_compacted',
+            name='compacted',
             field=models.BooleanField(default=False),
         ),
     ]
