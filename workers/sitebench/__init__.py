@@ -1,4 +1,6 @@
-"""Load benchmarks of a running site from the outside: `python -m workers.sitebench live --url http://HOST:PORT`.
+"""Load benchmarks of a site: `python -m workers.sitebench live --url http://HOST:PORT` (a running site, from the
+outside) and `python -m workers.sitebench control` (a site of its own at a lab's scale: many boards, jobs and
+browsers, processes killed mid-run; control.py, docs/benchmarks.md "The control plane at scale").
 
 `live` measures how long an agent's event takes to reach the browsers watching its job: agent -> /ws/agent/ ->
 the site stores and applies it -> the job's Channels group -> /ws/jobs/<id>/ -> every subscriber. Everything is
