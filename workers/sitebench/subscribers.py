@@ -21,8 +21,13 @@ def _load(raw) -> dict:
 
 def subscribers_main(url: str, token: str, count: int, conn) -> None:
     """Entry point of the subscribers' process: `count` sockets on `url`; talks to the parent over `conn`."""
+    run_child(_subscribers(url, token, count, conn), conn)
+
+
+def run_child(coroutine, conn) -> None:
+    """A child process's body: run `coroutine`; any failure goes to the parent as one ("error", line)."""
     try:
-        asyncio.run(_subscribers(url, token, count, conn))
+        asyncio.run(coroutine)
     except KeyboardInterrupt:
         pass
     except Exception as exc:  # the parent prints it as one line

@@ -7,23 +7,13 @@ import asyncio
 import time
 
 from workers.sitebench import CLOSE_TIMEOUT_S, MAX_FRAME, SUBSCRIBE_TIMEOUT_S, BenchError
-from workers.sitebench.subscribers import ChildProcess, _load, _recv
+from workers.sitebench.subscribers import ChildProcess, _load, _recv, run_child
 
 RECONNECT_S = 0.5
 
 
 def watchers_main(urls: list[str], token: str, conn) -> None:
-    try:
-        asyncio.run(_watch(urls, token, conn))
-    except KeyboardInterrupt:
-        pass
-    except Exception as exc:  # the parent prints it as one line
-        try:
-            conn.send(("error", f"{type(exc).__name__}: {exc}"))
-        except OSError:
-            pass
-    finally:
-        conn.close()
+    run_child(_watch(urls, token, conn), conn)
 
 
 async def _watch(urls: list[str], token: str, conn) -> None:
