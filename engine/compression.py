@@ -28,46 +28,64 @@ import statistics
 import time
 from collections.abc import Hashable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
 from engine.errors import UserError
 from engine.plan import LEVELS, OFF  # the levels a plan's boundaries may have; OFF: uncompressed float32
 
-_FORMS = "off, 8, 4, 2, auto or auto:8,4"
+_FORMS = "off, 8, 4, 2, auto or auto:8,4, each but off also as delta:… (e.g. delta:2)"
 HEADER_SHARE = 16  # the (min, scale) header stays within 1/16 of the codes' bytes
+DELTA = "delta:"  # the prefix that asks for activation-change compression (engine.deltas)
 
 
-def parse_compression(text: str) -> tuple[tuple[int, ...], bool]:
-    """`--compression` text -> (allowed levels, most lossless first; whether the planner picks among them)."""
+class Compression(NamedTuple):
+    """What `--compression` asks for: the allowed levels (most lossless first; empty: off), whether the planner
+    picks among them per boundary, and whether samples seen before send the change of their activation."""
+
+    levels: tuple[int, ...]
+    auto: bool
+    delta: bool = False
+
+
+def parse_compression(text: str) -> Compression:
+    """`--compression` text -> what it asks for (`Compression`)."""
     form = text.strip().lower()
+    delta = form.startswith(DELTA)
+    if delta:
+        form = form[len(DELTA) :].strip()
+        if form == "off":
+            raise UserError(f"compression {text!r}: delta needs a level to send changes at; use {_FORMS}")
     if form == "off":
-        return (), False
+        return Compression((), False)
     if form in {str(b) for b in LEVELS}:
-        return (int(form),), False
+        return Compression((int(form),), False, delta)
     if form == "auto":
-        return LEVELS, True
+        return Compression(LEVELS, True, delta)
     if form.startswith("auto:"):
         parts = [p.strip() for p in form[len("auto:") :].split(",")]
         if all(p in {str(b) for b in LEVELS} for p in parts):
-            return tuple(sorted({int(p) for p in parts}, reverse=True)), True
+            return Compression(tuple(sorted({int(p) for p in parts}, reverse=True)), True, delta)
     raise UserError(f"unknown compression {text!r}: use {_FORMS}")
 
 
-def compression_text(allowed: tuple[int, ...], auto: bool) -> str:
-    """Inverse of `parse_compression`: the `--compression` text of (allowed levels, auto)."""
+def compression_text(allowed: tuple[int, ...], auto: bool, delta: bool = False) -> str:
+    """Inverse of `parse_compression`: the `--compression` text of (allowed levels, auto, delta)."""
     if not allowed:
         return "off"
     if not auto:
-        return str(allowed[0])
-    return "auto" if tuple(allowed) == LEVELS else "auto:" + ",".join(map(str, allowed))
+        text = str(allowed[0])
+    else:
+        text = "auto" if tuple(allowed) == LEVELS else "auto:" + ",".join(map(str, allowed))
+    return DELTA + text if delta else text
 
 
-def plan_compression(compression: tuple[int, ...]) -> str:
+def plan_compression(compression: tuple[int, ...], delta: bool = False) -> str:
     """The `--compression` text a re-plan keeps for a plan of these boundary levels: its one level, or auto
-    among its levels when they differ."""
+    among its levels when they differ (with `delta`: sending changes, as the plan did)."""
     levels = tuple(sorted({b for b in compression if b < OFF}, reverse=True))
-    return compression_text(levels, len(set(compression)) > 1)
+    return compression_text(levels, len(set(compression)) > 1, delta)
 
 
 def _groups(shape: tuple[int, ...]) -> tuple[int, int, int]:

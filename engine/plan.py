@@ -124,6 +124,9 @@ class Plan:
     compression: tuple[int, ...] = ()
     allreduce: str = "off"  # the stage all-reduce's wire format: a key of ALLREDUCE
     schedule: str = "1f1b"  # the pipeline schedule every stage runs: one of engine.schedule.SCHEDULES
+    # Compressed boundaries send a sample seen before as the change of its activation (engine.deltas); each pair
+    # of devices across a boundary keeps at most this many samples for it. 0: every sample crosses directly.
+    delta_samples: int = 0
 
     def level(self, boundary: int) -> int:
         """The compression level of the boundary after stage `boundary`."""
@@ -182,6 +185,8 @@ class Plan:
             raise UserError(f"plan: allreduce must be one of {', '.join(ALLREDUCE)}, got {self.allreduce!r}")
         if not isinstance(self.schedule, str) or self.schedule not in SCHEDULES:
             raise UserError(f"plan: schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+        if type(self.delta_samples) is not int or self.delta_samples < 0:
+            raise UserError(f"plan: delta_samples must be a whole number >= 0, got {self.delta_samples!r:.40}")
         names = self.device_names
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
@@ -193,6 +198,15 @@ class Plan:
     def with_compression(self, levels: tuple[int, ...]) -> Plan:
         """This plan with these per-boundary levels (no prediction: re-score it)."""
         return replace(self, compression=tuple(levels) if any(b < OFF for b in levels) else (), predicted=None)
+
+    def with_delta(self, samples: int) -> Plan:
+        """This plan keeping up to `samples` samples per pair across its compressed boundaries (no prediction)."""
+        return replace(self, delta_samples=samples if self.compressed else 0, predicted=None)
+
+    @property
+    def delta(self) -> bool:
+        """Whether its compressed boundaries send changes of activations (engine.deltas)."""
+        return self.compressed and self.delta_samples > 0
 
     def with_schedule(self, name: str) -> Plan:
         """This plan run under schedule `name` (no prediction: re-score it)."""
@@ -213,6 +227,8 @@ class Plan:
         }
         if self.compressed:
             doc["compression"] = ["off" if b >= OFF else b for b in self.compression]
+        if self.delta:
+            doc["delta_samples"] = self.delta_samples
         if self.allreduce != "off":
             doc["allreduce"] = self.allreduce
         if self.schedule != "1f1b":
@@ -277,7 +293,10 @@ class Plan:
         sched = doc.get("schedule", "1f1b")
         if not isinstance(sched, str) or sched not in SCHEDULES:
             raise UserError(f"plan: field 'schedule' must be one of {', '.join(SCHEDULES)}, got {sched!r:.40}")
+        delta = doc.get("delta_samples", 0)
+        if type(delta) is not int or delta < 0:
+            raise UserError(f"plan: field 'delta_samples' must be a whole number >= 0, got {delta!r:.40}")
         return cls(
             str(need("method", str)), need("model", str), batch_size, micro_batches, tuple(stages), cluster, predicted,
-            compression, allreduce, sched,
+            compression, allreduce, sched, delta if compression else 0,
         )  # fmt: skip

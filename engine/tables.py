@@ -62,6 +62,11 @@ def plan_table(plan: Plan) -> str:
     if plan.compressed:
         levels = ", ".join(f"{k}->{k + 1} {'off' if b >= 32 else f'{b}-bit'}" for k, b in enumerate(plan.compression))
         out.append(f"compression between stages: {levels}")
+        if plan.delta:
+            out.append(
+                f"  samples seen before send the change of their activation; each pair keeps up to "
+                f"{plan.delta_samples} samples"
+            )
     if plan.allreduce != "off":
         out.append(f"stage all-reduce: {plan.allreduce} (half the bytes of float32)")
     if plan.schedule != "1f1b":

@@ -104,6 +104,12 @@ def run_compression(args: argparse.Namespace) -> str:
         models = ("mobilenetv2",) if not args.models else models
         bandwidths = (100.0,) if args.bandwidths == "1000,100" else bandwidths
         levels = ("off", "4")
+    if args.levels:
+        from engine.compression import parse_compression
+
+        levels = tuple(x.strip().lower() for x in args.levels.split(","))
+        for level in levels:
+            parse_compression(level)  # a UserError names the bad one
     command = _command("compression")
     if args.from_record:
         runs = compression.load_runs([Path(p) for p in args.from_record.split(",")])

@@ -1,6 +1,7 @@
 """`python -m engine bench compression`: real training on emulated clusters at each compression level against none.
 
-Per cell (model and its dataset, cluster, bandwidth) and level (off, 8, 4, 2, auto) the Asteroid planner plans at
+Per cell (model and its dataset, cluster, bandwidth) and level (off, 8, 4, 2, auto; delta:4 and delta:2 send changes
+of activations, engine.deltas, and keep up to the training set's samples per pair) the Asteroid planner plans at
 that level (compression changes what is worth sending, so the plan may change shape) and the plan is trained twice
 from the same seed: a short emulated run (time dilation) measures throughput in device time, bytes on the wire and
 late steps; a longer run at host speed (no padding: the same arithmetic, bit for bit, only faster) trains the same
@@ -24,7 +25,7 @@ from engine.bench.records import read_records, write_record
 
 # Each model with the real dataset it learns, its learning rate and the iterations of its accuracy run.
 MODELS = {"mobilenetv2": ("digits", 0.02, 60), "gpt-small": ("pytext", 0.01, 20)}
-LEVELS = ("off", "8", "4", "2", "auto")
+LEVELS = ("off", "8", "4", "2", "auto", "delta:4", "delta:2")  # delta: changes of activations (engine.deltas)
 BATCH = 64
 TIMING_ITERATIONS = 6  # of the emulated run; the first is left out of the measured throughput (metrics)
 EVAL_SAMPLES = 320
@@ -36,7 +37,7 @@ class Run:
     dataset: str
     cluster: str
     bandwidth_mbps: float
-    level: str  # off, 8, 4, 2 or auto
+    level: str  # off, 8, 4, 2, auto, delta:4 or delta:2
     iterations: int
     batch_size: int
     shape: str = ""  # the plan: stages and devices
@@ -63,8 +64,10 @@ def run_one(
     `seen` maps plans already run in this cell to their runs: a level whose plan is one of them (auto often picks
     a fixed level's plan) takes that run's measurements instead of training the same plan again."""
     from engine.compression import parse_compression
+    from engine.data import train_size
     from engine.devices import load_cluster
     from engine.errors import UserError
+    from engine.models import get_model
     from engine.planners import NoFeasiblePlan, Problem
     from engine.planners.levels import plan_compressed
     from engine.runtime.launcher import RunOptions, train
@@ -78,7 +81,9 @@ def run_one(
     try:
         w = workload(model)
         problem = Problem(w, load_cluster(letter, mbps), batch)
-        plan = plan_compressed("asteroid", problem, *parse_compression(level))
+        asked = parse_compression(level)
+        samples = train_size(dataset, get_model(model)) if asked.delta else None
+        plan = plan_compressed("asteroid", problem, *asked, samples=samples)
         run.shape = shape(plan)
         run.compression = ",".join("off" if b >= 32 else str(b) for b in plan.compression) or "off"
         run.predicted = plan.predicted.throughput

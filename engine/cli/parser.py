@@ -29,7 +29,7 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def _compression(text: str) -> tuple[tuple[int, ...], bool]:
+def _compression(text: str):
     from engine.compression import parse_compression
 
     try:
@@ -45,7 +45,9 @@ _PIPELINE_ARGUMENTS = {
         default=((), False),
         metavar="off|8|4|2|auto",
         help="bits per value of the activations and gradients sent between stages (default off); auto: per "
-        "boundary, the level the cost model predicts fastest (auto:8,4 limits the levels it may pick)",
+        "boundary, the level the cost model predicts fastest (auto:8,4 limits the levels it may pick); delta:LEVEL "
+        "(e.g. delta:2, delta:auto): a sample seen before sends the change of its activation since it last crossed "
+        "(AQ-SGD), at that level; both ends keep its last activation, counted in the plan's memory",
     ),
     "--allreduce": dict(
         default="off",
@@ -234,6 +236,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="reproduce, recovery, compression, spread: comma-separated Mbps (default 1000,100; spread: 1000)",
     )
     b.add_argument("--methods", help="reproduce: comma-separated methods (default: all five)")
+    b.add_argument(
+        "--levels",
+        help="compression: comma-separated --compression forms to train (default off,8,4,2,auto,delta:4,delta:2)",
+    )
     b.add_argument(
         "--iterations",
         type=_positive_int,

@@ -51,11 +51,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def fitting_plan(method: str, problem: Problem, compression: tuple[tuple[int, ...], bool] = ((), False)) -> Plan:
-    """The method's plan (at the `--compression` levels), or a UserError saying what does not fit and which
-    batch size would."""
+def fitting_plan(method: str, problem: Problem, compression: tuple = ((), False), samples: int | None = None) -> Plan:
+    """The method's plan (at the `--compression` levels; `samples`: the training set's size, what activation
+    changes keep at most), or a UserError saying what does not fit and which batch size would."""
     try:
-        plan = plan_compressed(method, problem, *compression, progress=sys.stderr.isatty())
+        plan = plan_compressed(method, problem, *compression, samples=samples, progress=sys.stderr.isatty())
     except NoFeasiblePlan:
         raise UserError(infeasible_message(problem, method)) from None
     if not plan.predicted.fits:

@@ -16,6 +16,16 @@ from engine.plan import Plan
 from engine.planners import PLANNERS, Problem
 
 
+def _training_samples(args: argparse.Namespace) -> int | None:
+    """The training set's size where `--compression delta:…` asks for it (what a pair keeps at most)."""
+    if len(args.compression) < 3 or not args.compression[2]:
+        return None
+    from engine.data import train_size
+    from engine.models import get_model
+
+    return train_size(args.dataset, get_model(args.model), args.data_dir)
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from engine.compression import compression_text, parse_compression
     from engine.events import said
@@ -75,7 +85,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         cluster = load_cluster(args.cluster, args.bandwidth_mbps)
         w = workload(args.model, cluster=cluster)
         problem = Problem(w, cluster, args.batch_size, allreduce=args.allreduce, schedule=args.schedule)
-        plan = fitting_plan(args.method, problem, args.compression)
+        plan = fitting_plan(args.method, problem, args.compression, _training_samples(args))
     plan.validate(w.num_layers)
     if not args.resume:
         options = RunOptions(

@@ -6,14 +6,16 @@ A fixed level compresses every boundary at it (the planner's cost model knows th
 time, so the plan's shape may change). `auto` plans once per level (uncompressed included), keeps the fastest
 plan, then sets each boundary in turn to the level that minimises the simulated iteration (the time the
 planners choose by), until no boundary changes: the level per boundary, within the allowed ones, that runs
-fastest.
+fastest. With `delta`, samples seen before cross as the change of their activation (engine.deltas): the plan
+keeps up to the training set's samples per pair of devices, fewer where that would take more than half of
+what a device has free.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from engine.costmodel import score
+from engine.costmodel import delta_memory, score
 from engine.plan import OFF, Plan
 from engine.planners import make_plan
 from engine.planners.common import NoFeasiblePlan, Problem, best_plan, simulated
@@ -21,13 +23,45 @@ from engine.simulator import simulate
 
 
 def plan_compressed(
-    method: str, problem: Problem, allowed: tuple[int, ...], auto: bool, progress: bool = False
+    method: str,
+    problem: Problem,
+    allowed: tuple[int, ...],
+    auto: bool,
+    delta: bool = False,
+    samples: int | None = None,
+    progress: bool = False,
 ) -> Plan:
-    """The `method`'s plan with compression: `allowed` levels (empty: off); `auto` chooses per boundary."""
+    """The `method`'s plan with compression: `allowed` levels (empty: off); `auto` chooses per boundary;
+    `delta` sends changes of activations, keeping up to `samples` (the training set's size) per pair."""
     if not allowed:
         return make_plan(method, replace(problem, compression=OFF), progress)
     if not auto:
-        return make_plan(method, replace(problem, compression=allowed[0]), progress)
+        plan = make_plan(method, replace(problem, compression=allowed[0]), progress)
+    else:
+        plan = _auto(method, problem, allowed, progress)
+    return with_delta(plan, problem, samples) if delta else plan
+
+
+def with_delta(plan: Plan, problem: Problem, samples: int | None) -> Plan:
+    """`plan` sending changes of activations: as many samples per pair as the training set has (`samples`; None:
+    unknown), at most what fills half of any device's free memory; unchanged where not one fits."""
+    w = problem.workload
+    used = score(plan, w).memory_bytes
+    per_sample = delta_memory(plan.with_delta(1), w)
+    room = [
+        (plan.cluster.device(name).memory_bytes - used[name]) // 2 // each
+        for name, each in per_sample.items()
+        if each > 0
+    ]
+    cap = min([*room, *([samples] if samples else [])], default=0)
+    if cap < 1:
+        return plan
+    final = plan.with_delta(int(cap))
+    return simulated(final.with_prediction(score(final, w)), w)
+
+
+def _auto(method: str, problem: Problem, allowed: tuple[int, ...], progress: bool) -> Plan:
+    """The fastest plan over every level, then each boundary's level refined."""
     plans = []
     for level in (OFF, *allowed):
         try:

@@ -124,7 +124,7 @@ class Coordinator(Drift, Membership, CentralReplica):
         first_generation: int | None = None,
     ):
         if options.compression is None:  # kept in run.json, so that a resumed run re-plans with it too
-            options = replace(options, compression=plan_compression(plan.compression))
+            options = replace(options, compression=plan_compression(plan.compression, plan.delta))
         self.plan, self.w, self.opts, self.faults = plan, workload, options, faults or Faults()
         self.emit = emit or (lambda _: None)
         self.run_dir = run_dir

@@ -17,7 +17,7 @@ SLOW = 1.3  # a device whose compute runs this many times its planned time is sl
 
 class Drift:
     """Mixin of the coordinator (engine.runtime.coordinator). Needs `recovery`, `generation`, `iterations`,
-    `collected`, `speed`, `learned`, `store`, `true_cluster`, `plan` and `emit`."""
+    `collected`, `speed`, `learned`, `store`, `true_cluster`, `plan`, `opts`, `fleet` and `emit`."""
 
     def _after_iteration(self, ev: dict) -> None:
         """A recovery ends when the interrupted iteration completes again; a drifting speed re-partitions."""
@@ -43,9 +43,11 @@ class Drift:
             self.recovery = None
             self.emit(rec)
             return
-        # Measured speeds, on every run: a board throttled, overheating or busy with something else is noticed
-        # from its step times (an injected --slow is one way to make one), and the job re-partitions on them.
-        if ev.get("generation") == gen.number and ev["iteration"] > gen.start:
+        # Measured speeds: a board throttled, overheating or busy with something else is noticed from its step
+        # times (an injected --slow is one way to make one), and the job re-partitions on them. Not in a local run
+        # at this host's own speed (`train` without --emulate): its step times are this host's, not the boards'.
+        measures_boards = self.opts.emulate or self.fleet is not None
+        if measures_boards and ev.get("generation") == gen.number and ev["iteration"] > gen.start:
             predicted = gen.predicted_iteration_s
             if gen.replicate_every and ev["iteration"] % gen.replicate_every == 0:
                 predicted += gen.replication_s  # the copies made after the previous iteration end in this one

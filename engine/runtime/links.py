@@ -1,5 +1,7 @@
 """The device's messages to its neighbouring stages: every receive of an iteration posted at its start, and sends
-that queue on the emulated outgoing link (a float64 header with the emulated arrival time, then the payload)."""
+that queue on the emulated outgoing link (a float64 header with the emulated arrival time, then the payload).
+A training iteration's activations over a boundary with a delta memory (engine.runtime.deltalinks) cross as
+changes; an evaluation's never do (its samples are the held-out split's)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ from engine.runtime.emulation import now
 
 class Links:
     """Mixin of the device (engine.runtime.worker). Needs its stage (`st`, `plan`, `shape_in/out`, `bits_in/out`),
-    `ranks`, the `train` group, `clock`, `link_free` and the wait helpers (engine.runtime.waits)."""
+    `ranks`, the `train` group, `clock`, `link_free`, the delta memories (engine.runtime.deltalinks) and the wait
+    helpers (engine.runtime.waits)."""
 
     def _tag(self, micro_batch: int, kind: str, part: int) -> int:
         return (micro_batch * 2 + (kind == "B")) * 2 + part
@@ -28,10 +31,14 @@ class Links:
             ):
                 got = []
                 bits = self.bits_in if kind == "F" else gradient_bits(self.bits_out)
+                delta = self.delta_in if kind == "F" and base == 0 else None
                 for t in moves:
                     peer = self.ranks[t.peer]
                     header = torch.zeros(1, dtype=torch.float64)
-                    if bits < OFF:  # the encoded bytes of the slice (engine.compression)
+                    if delta is not None:  # changes for the samples both ends keep, the others whole
+                        samples = self._delta_samples(mb, t.lo, t.hi)
+                        payload = torch.empty(delta.wire_bytes(t.peer, samples, shape, bits), dtype=torch.uint8)
+                    elif bits < OFF:  # the encoded bytes of the slice (engine.compression)
                         payload = torch.empty(wire_bytes((t.hi - t.lo, *shape), bits), dtype=torch.uint8)
                     else:
                         payload = torch.empty((t.hi - t.lo, *shape))
@@ -40,7 +47,7 @@ class Links:
                         self._post(self.train.recv, what, [header], peer, base + self._tag(mb, kind, 0)),
                         self._post(self.train.recv, what, [payload], peer, base + self._tag(mb, kind, 1)),
                     ]
-                    got.append((t, header, payload, works))
+                    got.append((t, header, payload, works, delta))
                 pending[(kind, mb)] = got
         return pending
 
@@ -51,7 +58,7 @@ class Links:
             return None
         start = now()
         arrival = 0.0
-        for t, header, _, works in got:
+        for t, header, _, works, _ in got:
             for w in works:
                 self._wait(w, f"{'activations' if kind == 'F' else 'gradients'} from {t.peer}")
             arrival = max(arrival, float(header[0]))
@@ -59,7 +66,12 @@ class Links:
         if end - start > 1e-4:
             self._event("recv", mb, start, end)
         bits, shape = (self.bits_in, self.shape_in) if kind == "F" else (gradient_bits(self.bits_out), self.shape_out)
-        parts = [p if bits >= OFF else decode(p, (t.hi - t.lo, *shape), bits) for t, _, p, _ in got]
+        parts = [
+            p if bits >= OFF
+            else delta.decode(t.peer, self._delta_samples(mb, t.lo, t.hi), p, shape, bits) if delta is not None
+            else decode(p, (t.hi - t.lo, *shape), bits)
+            for t, _, p, _, delta in got
+        ]  # fmt: skip
         return torch.cat(parts) if len(parts) > 1 else parts[0]
 
     def send(self, tensor: torch.Tensor, moves, kind: str, mb: int, outbox: list, base: int = 0) -> None:
@@ -67,10 +79,13 @@ class Links:
         at a time, each its transfer time), and the device computes on meanwhile, as gloo's sends let it."""
         # activations go to the next stage over the boundary after this one, gradients back over the one before
         bits = self.bits_out if kind == "F" else gradient_bits(self.bits_in)
+        delta = self.delta_out if kind == "F" and base == 0 else None
         for t in moves:
             payload = tensor[t.lo - self.st.lo : t.hi - self.st.lo].detach().contiguous()
             self.sent_payload_bytes += payload.numel() * payload.element_size()
-            if bits < OFF:  # gradients are rounded stochastically: unbiased, so SGD still follows the true mean
+            if delta is not None:
+                payload = delta.encode(t.peer, self._delta_samples(mb, t.lo, t.hi), payload, bits)
+            elif bits < OFF:  # gradients are rounded stochastically: unbiased, so SGD still follows the true mean
                 # drawn from (seed, stage, iteration, micro-batch, slice) alone: a run repeats exactly, a replay too
                 draw = (((self.opts.seed * 1_000_003 + self.stage) * 10_007 + self.iteration) * 1_009 + mb) * 65_537
                 draw += t.lo

@@ -141,11 +141,12 @@ class Membership:
         cluster = self._cluster(names)
         try:
             method = self.plan.method if self.plan.method in COMPARED else "asteroid"  # hand-made or exhaustive
-            # the run's compression: what the user allowed, else its first plan's levels
-            levels, auto = parse_compression(self.opts.compression or plan_compression(self.plan.compression))
+            # the run's compression: what the user allowed, else its first plan's levels; changes of activations
+            # keep at most as many samples per pair as the first plan did (the training set's size, or less)
+            asked = parse_compression(self.opts.compression or plan_compression(self.plan.compression, self.plan.delta))
             problem = Problem(self._planning_workload(), cluster, self.plan.batch_size, allreduce=self.plan.allreduce,
                               schedule=self.opts.schedule)  # fmt: skip
-            plan = plan_compressed(method, problem, levels, auto)
+            plan = plan_compressed(method, problem, *asked, samples=self.plan.delta_samples or None)
         except NoFeasiblePlan:
             plan = None
         if plan is None or not plan.predicted.fits:

@@ -46,6 +46,7 @@ from engine.runtime.batches import batch_indices, load
 from engine.runtime.config import DeviceConfig, static_generation
 from engine.runtime.control import Generation, Heartbeat, gen_key, key
 from engine.runtime.copies import Copies
+from engine.runtime.deltalinks import DeltaLinks
 from engine.runtime.emulation import Clock, MemoryMeter, group_timeout, now, use_time_base
 from engine.runtime.evaluate import Evaluation
 from engine.runtime.faults import Fail
@@ -60,7 +61,7 @@ Emit = Callable[[dict], None]
 OPTIMIZER_STATES = 1  # SGD with momentum keeps one buffer per parameter
 
 
-class _Device(Waits, Links, SplitSteps, Copies, Evaluation, StageAllReduce):
+class _Device(Waits, Links, DeltaLinks, SplitSteps, Copies, Evaluation, StageAllReduce):
     """State of one device across the generations of a run; its concerns are in the mixins' modules."""
 
     def __init__(self, cfg: DeviceConfig, emit: Emit):
@@ -172,6 +173,7 @@ class _Device(Waits, Links, SplitSteps, Copies, Evaluation, StageAllReduce):
                 self.name, self.rank, self.stage, self.clock.dilation, os.getpid(), gen.number, setup_real_s
             ).to_message()
         )
+        self._take_deltas(gen.start)
         begin = torch.tensor([now()], dtype=torch.float64)
         self._wait(self._allreduce(begin, self.train, dist.ReduceOp.MAX), "the start-up sync")
         self.last_end = float(begin)
@@ -287,7 +289,7 @@ class _Device(Waits, Links, SplitSteps, Copies, Evaluation, StageAllReduce):
         self.iteration = k
         real_s = self.gen.predicted_iteration_s * (clock.dilation or 1.0)
         self.reporting = self.opts.reports_steps(k, self.gen.start, real_s)
-        indices = batch_indices(len(self.data), plan.batch_size, self.opts.seed, k)
+        self.batch = indices = batch_indices(len(self.data), plan.batch_size, self.opts.seed, k)
         saved_buffers = layerstate.buffers(self.layers, *self.own)
         try:
             pending = self.post_receives()
@@ -344,11 +346,13 @@ class _Device(Waits, Links, SplitSteps, Copies, Evaluation, StageAllReduce):
             self._reduce_gradients(k)
             stop = self._agree(k, loss_sum)
         except (PeerLost, Aborted):
+            self._commit_deltas(k, committed=False)
             for b, copy in saved_buffers:  # batch-norm statistics as the iteration found them
                 b.copy_(copy)
             for p in self.params:
                 p.grad = None
             raise
+        self._commit_deltas(k, committed=True)
         if self.optimizer is not None:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)

@@ -187,16 +187,21 @@ def test_non_finite_values_poison_only_their_channel():
 
 
 def test_parse_compression_forms():
-    assert parse_compression("off") == ((), False)
-    assert parse_compression("8") == ((8,), False)
-    assert parse_compression("4") == ((4,), False)
-    assert parse_compression(" 2 ") == ((2,), False)
-    assert parse_compression("auto") == ((8, 4, 2), True)
-    assert parse_compression("auto:8,4") == ((8, 4), True)
-    assert parse_compression("auto:2,8") == ((8, 2), True)
+    assert parse_compression("off") == ((), False, False)
+    assert parse_compression("8") == ((8,), False, False)
+    assert parse_compression("4") == ((4,), False, False)
+    assert parse_compression(" 2 ") == ((2,), False, False)
+    assert parse_compression("auto") == ((8, 4, 2), True, False)
+    assert parse_compression("auto:8,4") == ((8, 4), True, False)
+    assert parse_compression("auto:2,8") == ((8, 2), True, False)
+    assert parse_compression("delta:2") == ((2,), False, True)
+    assert parse_compression(" Delta:auto:4,2") == ((4, 2), True, True)
+    assert parse_compression("delta:auto").delta and parse_compression("delta:auto").auto
 
 
-@pytest.mark.parametrize("text", ["3", "", "auto:3", "fast", "auto:", "8,4", "32"])
+@pytest.mark.parametrize(
+    "text", ["3", "", "auto:3", "fast", "auto:", "8,4", "32", "delta:", "delta:3", "delta:delta:2"]
+)
 def test_parse_compression_rejects_nonsense(text):
     with pytest.raises(UserError, match="use off, 8, 4, 2, auto or auto:8,4"):
         parse_compression(text)
@@ -210,7 +215,7 @@ def test_measure_codec_returns_positive_seconds_per_element_and_restores_threads
     assert all(math.isfinite(s) and 0 < s < 1e-3 for s in seconds.values())
 
 
-@pytest.mark.parametrize("text", ["off", "8", "4", "2", "auto", "auto:8,4", "auto:2"])
+@pytest.mark.parametrize("text", ["off", "8", "4", "2", "auto", "auto:8,4", "auto:2", "delta:2", "delta:auto:8,4"])
 def test_compression_text_is_the_inverse_of_parse(text):
     assert compression_text(*parse_compression(text)) == text
 
@@ -219,6 +224,12 @@ def test_a_re_plan_keeps_a_plan_files_levels():
     assert plan_compression(()) == "off"
     assert plan_compression((4, 4)) == "4"
     assert plan_compression((8, OFF, 2)) == "auto:8,2"
+    assert plan_compression((4, 4), delta=True) == "delta:4"
+
+
+def test_delta_off_is_a_clear_error():
+    with pytest.raises(UserError, match="delta needs a level"):
+        parse_compression("delta:off")
 
 
 def test_run_options_carry_the_allowed_levels_and_reject_nonsense():

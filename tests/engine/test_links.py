@@ -89,3 +89,19 @@ def test_the_planner_keeps_a_board_on_slow_wifi_off_the_critical_links(method):
     assert score(plan, w).throughput == pytest.approx(plan.predicted.throughput, rel=1e-6)
     # the same four boards on their wired links: b is worth using
     assert "b" in PLANNERS[method](Problem(w, cluster(), 32)).device_names
+
+
+def test_auto_compression_picks_each_boundary_by_its_own_link():
+    """Three stages a > b > c, a and b on 10 Gbps links, c on 20 Mbps, with a codec slow enough to cost more
+    than it saves on a fast link: `auto` compresses b-c (through c's link) to 2 bits and leaves a-b uncompressed;
+    with c on a fast link too, it compresses nothing."""
+    from engine.planners.levels import refine
+
+    def chosen(c_mbps: float) -> tuple[int, ...]:
+        c = cluster({"a": 10_000.0, "b": 10_000.0, "c": c_mbps})
+        w = replace(workload(layers=9), codec_work=((8, 2000.0), (4, 2000.0), (2, 2000.0)))
+        plan = make_plan("links", c, 32, 8, [(0, 3, [("a", 4)]), (3, 6, [("b", 4)]), (6, 9, [("c", 4)])])
+        return refine(plan.with_prediction(score(plan, w)), Problem(w, c, 32), (32, 8, 4, 2)).compression
+
+    assert chosen(20.0) == (32, 2)
+    assert chosen(10_000.0) == ()

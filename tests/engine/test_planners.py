@@ -363,3 +363,36 @@ def test_the_fastest_schedule_of_several_plans_skips_only_plans_that_cannot_win(
         assert got.predicted.fits and got.predicted.simulated_s == want, seed
         for p in every:  # the bound holds under every schedule
             assert busy_bound(p, w) <= p.predicted.simulated_s * (1 + 1e-12)
+
+
+def test_changes_of_activations_are_counted_in_memory_and_kept_within_it():
+    """`delta:…`: each pair across a compressed boundary keeps up to the training set's samples (in bfloat16, and
+    as many replaced ones); the planner counts that memory and keeps fewer where the devices cannot hold them."""
+    from engine.costmodel import delta_memory
+    from engine.planners.levels import plan_compressed
+
+    w = layered_workload(random.Random(3), 8, 1.0, 0.1)
+    problem = Problem(w, load_cluster("C", bandwidth_mbps=100), 32)
+    plain = plan_compressed("asteroid", problem, (2,), False)
+    delta = plan_compressed("asteroid", problem, (2,), False, True, samples=1000)
+    assert delta.delta_samples == 1000 and delta.compression == plain.compression and len(delta.stages) > 1
+    held = delta_memory(delta, w)
+    boundary = w.output_bytes[delta.stages[0].end - 1] // 2
+    assert held[delta.stages[0].devices[0].name] >= 2 * 1000 * boundary
+    assert sum(delta.predicted.memory_bytes.values()) == sum(plain.predicted.memory_bytes.values()) + sum(held.values())
+    again = Plan.from_dict(json.loads(json.dumps(delta.to_dict())))
+    assert again.delta_samples == 1000 and score(again, w).memory_bytes == delta.predicted.memory_bytes
+    # a training set too large for the boards: as many samples as half of the tightest device's free memory holds
+    huge = plan_compressed("asteroid", problem, (2,), False, True, samples=10**12)
+    assert 1000 < huge.delta_samples < 10**12 and huge.predicted.fits
+    tightest = min(
+        (problem.cluster.device(n).memory_bytes - plain.predicted.memory_bytes[n]) / each
+        for n, each in delta_memory(delta.with_delta(1), w).items()
+        if each
+    )
+    assert huge.delta_samples == int(tightest // 2) or huge.delta_samples == int(tightest) // 2
+    # off, or nothing compressed: nothing kept
+    assert not plan_compressed("asteroid", problem, (), False).delta
+    assert Plan.from_dict({**delta.to_dict(), "compression": []}).delta_samples == 0
+    with pytest.raises(UserError, match="delta_samples"):
+        Plan.from_dict({**delta.to_dict(), "delta_samples": -1})

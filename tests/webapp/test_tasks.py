@@ -74,3 +74,19 @@ def test_a_compressed_job_is_planned_at_its_level(bob, cluster_c, profile_cache)
     assert len(stages) > 1  # cluster C at 1000 Mbps: a pipeline, so there are boundaries to compress
     assert job.plan["compression"] == [4] * (len(stages) - 1)
     assert job.to_dict()["compression"] == "4"
+
+
+def test_a_job_sending_changes_of_activations_keeps_its_datasets_samples_and_re_plans_so(bob, cluster_c, profile_cache):
+    from engine.compression import plan_compression
+    from engine.plan import Plan
+
+    job = Job.objects.create(
+        owner=bob, model="mobilenetv2", dataset="digits", batch_size=64, iterations=2, bandwidth_mbps=1000,
+        compression="delta:2",
+    )  # fmt: skip
+    assert plan_job(job.pk) == "planned"
+    job.refresh_from_db()
+    assert job.plan["compression"] == [2] * (len(job.plan["stages"]) - 1)
+    assert job.plan["delta_samples"] == 1438  # digits' training split: every sample kept, once per pair
+    plan = Plan.from_dict(job.plan)
+    assert plan_compression(plan.compression, plan.delta) == "delta:2"  # what the coordinator re-plans with

@@ -31,10 +31,15 @@ class JobForm(forms.Form):
             ("4", "4 bits"),
             ("2", "2 bits"),
             ("auto", "auto (per boundary, the fastest predicted)"),
+            ("delta:4", "4 bits, changes of activations"),
+            ("delta:2", "2 bits, changes of activations"),
+            ("delta:auto", "auto, changes of activations"),
         ],
         initial="off",
         required=False,
-        help_text="Bits per value of the activations and gradients sent between stages.",
+        help_text="Bits per value of the activations and gradients sent between stages. Changes of activations: a "
+        "sample seen before sends how its activation changed since it last crossed (AQ-SGD); both ends keep its "
+        "last one, which the plan's memory counts.",
     )
     devices = forms.MultipleChoiceField(
         choices=[], required=False, widget=forms.CheckboxSelectMultiple, help_text="None ticked: every online device."

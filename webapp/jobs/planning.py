@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from engine.compression import parse_compression
+from engine.data import train_size
 from engine.devices import Cluster
 from engine.errors import UserError
+from engine.models import get_model
 from engine.plan import Plan
 from engine.planners import COMPARED, NoFeasiblePlan, Problem
 from engine.planners.feasibility import Infeasible, diagnose
@@ -41,9 +43,11 @@ def plan_all(
     progress: Progress,
     compression: str = "off",
     schedule: str = "auto",
+    dataset: str = "synthetic",
 ) -> dict:
     """Every compared method's plan (or why it has none) for the devices at the `compression` levels and under
-    the `schedule` (the CLI's `--compression` and `--schedule`); Asteroid's must exist and fit.
+    the `schedule` (the CLI's `--compression` and `--schedule`); Asteroid's must exist and fit. Changes of
+    activations (`delta:…`) keep at most the `dataset`'s training samples per pair.
     Returns {"plan": ..., "comparison": {method: plan or {"error"}}, "simulation": [step, ...]}."""
     from engine.simulator import simulate
     from engine.workloads import workload
@@ -53,11 +57,13 @@ def plan_all(
     progress(0.0, f"profiling {model} (cached after the first job)")
     w = workload(model, cluster=cluster)
     problem = Problem(w, cluster, batch_size, schedule=schedule)
+    asked = parse_compression(compression)
+    samples = train_size(dataset, get_model(model)) if asked.delta else None
     comparison: dict[str, Plan | str] = {}  # each method's plan, or why it has none
     for k, method in enumerate(COMPARED):
         progress(k / len(COMPARED), f"planning with {method}")
         try:
-            plan = plan_compressed(method, problem, *parse_compression(compression))
+            plan = plan_compressed(method, problem, *asked, samples=samples)
             comparison[method] = plan if plan.predicted.fits else "does not fit in memory"
         except NoFeasiblePlan as exc:
             comparison[method] = str(exc).splitlines()[0]

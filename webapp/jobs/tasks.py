@@ -33,7 +33,7 @@ def plan_job(job_id: int) -> str:
     try:
         devices = pick_devices(job.requested_devices)
         result = plan_all(job.model, job.batch_size, devices, job.bandwidth_mbps, progress, job.compression,
-                          job.option_values["schedule"])  # fmt: skip
+                          job.option_values["schedule"], job.dataset)  # fmt: skip
     except UserError as exc:
         set_status(job, Job.Status.FAILED, str(exc), None, finished_at=timezone.now())
         job_log(job, f"cannot plan: {exc}", "error")
