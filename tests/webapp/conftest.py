@@ -25,6 +25,18 @@ def carol(db):
 
 
 @pytest.fixture(autouse=True)
+def _nobody_heard():
+    """Each test starts with no agent heard (webapp.devices.liveness: device ids repeat from test to test)."""
+    import redis
+    from django.conf import settings
+
+    from webapp.devices import liveness
+
+    with redis.Redis.from_url(settings.REDIS_URL) as client:
+        client.delete(liveness._key())
+
+
+@pytest.fixture(autouse=True)
 def _jobs_dir(settings, tmp_path):
     """Each test keeps uploaded model parts in its own folder."""
     settings.ASTEROID_JOBS_DIR = tmp_path / "jobs"

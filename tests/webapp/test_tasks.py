@@ -34,6 +34,21 @@ def test_a_silent_device_goes_offline_and_its_coordinator_sees_it_gone_if_it_had
     assert health_check() == {"offline": 0, "unaccepted": 0}
 
 
+def test_a_device_whose_heartbeats_wait_for_the_database_is_not_taken_for_offline(cluster_c):
+    """An overloaded site writes `last_heartbeat` late; the socket noted the heartbeat in Redis when it read it."""
+    from asgiref.sync import async_to_sync
+
+    from webapp.devices import liveness
+
+    nx, tx2 = cluster_c[0], cluster_c[1]
+    long_ago = timezone.now() - timedelta(seconds=60)
+    Device.objects.filter(pk__in=[nx.pk, tx2.pk]).update(last_heartbeat=long_ago)
+    async_to_sync(liveness.heard)(nx.pk)  # nx-0's agent is alive: its heartbeat was read just now
+    assert set(liveness.last_heard([nx.pk, tx2.pk])) == {nx.pk}
+    assert health_check() == {"offline": 1, "unaccepted": 0}
+    assert Device.objects.get(pk=nx.pk).status == "online" and Device.objects.get(pk=tx2.pk).status == "offline"
+
+
 def test_a_launch_nobody_accepts_fails(bob, cluster_c, settings):
     late = timezone.now() - timedelta(seconds=settings.ASTEROID_ACCEPT_TIMEOUT_S + 1)
     job = Job.objects.create(owner=bob, model="mobilenetv2", status="running", launched_at=late)

@@ -4,6 +4,7 @@ monotonic clock, the time base of every host (workers/clock.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -15,6 +16,7 @@ from django.core.cache import cache
 from django.utils import timezone
 
 from engine.devices import canonical_probe
+from webapp.devices import liveness
 from webapp.devices.agents import agent_group
 from webapp.devices.models import Device
 from webapp.devices.protocol import ProtocolError, parse
@@ -28,6 +30,7 @@ from webapp.lib.tokens import bearer
 log = logging.getLogger(__name__)
 
 REFUSED = 4401  # close code: bad or revoked credential
+INBOX = 64  # an agent's messages waiting for the database (an agent has one events message unacknowledged at a time)
 
 
 def _header(scope, name: bytes) -> str | None:
@@ -126,14 +129,20 @@ class AgentConsumer(DirectDispatch, AsyncWebsocketConsumer):
         self.welcomed = False
         # Events past the agent's share wait their turn: its acks slow down and its outbox holds the rest.
         self.pace = Pace(settings.ASTEROID_AGENT_EVENTS_PER_S, 2 * settings.ASTEROID_AGENT_EVENTS_PER_S)
+        self.inbox: asyncio.Queue = asyncio.Queue(maxsize=INBOX)
+        self.worker = asyncio.create_task(self._work())
 
     async def disconnect(self, code):
         if self.device is not None:
+            self.worker.cancel()  # what it had not stored yet was not acknowledged: the agent sends it again
             await self.channel_layer.group_discard(agent_group(self.device.pk), self.channel_name)
             if getattr(self, "welcomed", False):
                 await _gone(self.device, self.channel_name)
 
     async def receive(self, text_data=None, bytes_data=None):
+        """Read at once, whatever the database thread is doing: a clock probe is answered and a heartbeat noted
+        as alive (webapp.devices.liveness) here; the rest, replies to bad frames included, waits its turn in
+        `inbox` and is answered in order."""
         received = time.monotonic()  # a `clock` probe's t1: before anything else, parsing included
         try:
             msg = parse(text_data, settings.ASTEROID_AGENT_MAX_MESSAGE)
@@ -141,25 +150,43 @@ class AgentConsumer(DirectDispatch, AsyncWebsocketConsumer):
                 raise ProtocolError("say hello first")
         except ProtocolError as exc:
             log.warning("device %s: rejected a message: %s", self.device.name, exc)
-            await self.send_json({"type": "error", "message": str(exc)})
-            return
+            msg = {"type": "error", "message": str(exc)}
         if msg["type"] == "clock":  # answered at once, no database: the agent times the round trip
             await self.send_json({"type": "clock", "t0": msg["t0"], "t1": received, "t2": time.monotonic()})
-        elif msg["type"] == "hello":
+            return
+        if msg["type"] == "hello":
             self.welcomed = True
-            await database_sync_to_async(cache.set)(_connection_key(self.device), self.channel_name, None)
-            for reply in await _hello(self.device, msg):
-                await self.send_json(reply)
         elif msg["type"] == "heartbeat":
-            await _heartbeat(self.device, msg)
-        elif msg["type"] == "accepted":
-            await _accepted(self.device, msg)
-        elif msg["type"] == "events":
-            await self.pace.take(len(msg["events"]) + len(msg["rejected"]))
-            for seq, why in msg["rejected"]:  # acknowledged below all the same: the stream goes on without it
-                log.warning("device %s: dropped event %d: %s", self.device.name, seq, why)
-                await self.send_json({"type": "error", "message": f"event {seq} dropped: {why}"})
-            await self.send_json({"type": "ack", "seq": await _events(self.device, msg)})
+            await liveness.heard(self.device.pk)
+        await self.inbox.put(msg)  # a full inbox holds the socket's reading back, as one handler at a time did
+
+    async def _work(self) -> None:
+        """The agent's messages in order, each once the one before is done (most need the database); a failure
+        closes the socket (the agent reconnects and sends again what was not acknowledged)."""
+        try:
+            while True:
+                msg = await self.inbox.get()
+                if msg["type"] == "error":  # a frame the site did not take
+                    await self.send_json(msg)
+                elif msg["type"] == "hello":
+                    await database_sync_to_async(cache.set)(_connection_key(self.device), self.channel_name, None)
+                    for reply in await _hello(self.device, msg):
+                        await self.send_json(reply)
+                elif msg["type"] == "heartbeat":
+                    await _heartbeat(self.device, msg)
+                elif msg["type"] == "accepted":
+                    await _accepted(self.device, msg)
+                elif msg["type"] == "events":
+                    await self.pace.take(len(msg["events"]) + len(msg["rejected"]))
+                    for seq, why in msg["rejected"]:  # acknowledged below all the same: the stream goes on without it
+                        log.warning("device %s: dropped event %d: %s", self.device.name, seq, why)
+                        await self.send_json({"type": "error", "message": f"event {seq} dropped: {why}"})
+                    await self.send_json({"type": "ack", "seq": await _events(self.device, msg)})
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("device %s: handling its message failed; closing its socket", self.device.name)
+            await self.close(code=1011)
 
     async def send_json(self, message: dict) -> None:
         await self.send(text_data=json.dumps(message))

@@ -10,6 +10,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from engine.errors import UserError
+from webapp.devices import liveness
 from webapp.devices.models import Device
 from webapp.jobs.ending import device_lost, fail
 from webapp.jobs.models import Job, JobDevice
@@ -60,10 +61,12 @@ def health_check() -> dict:
     now = timezone.now()
     silent_after = timedelta(seconds=settings.ASTEROID_HEARTBEAT_S * settings.ASTEROID_MISSED_HEARTBEATS)
     lost = 0
-    stale = Device.objects.filter(
-        status__in=(Device.Status.ONLINE, Device.Status.BUSY), last_heartbeat__lt=now - silent_after
-    )
+    alive = (Device.Status.ONLINE, Device.Status.BUSY)
+    stale = list(Device.objects.filter(status__in=alive, last_heartbeat__lt=now - silent_after))
+    heard = liveness.last_heard([d.pk for d in stale])  # read by a site whose database thread is behind
     for device in stale:
+        if heard.get(device.pk, 0.0) > now.timestamp() - silent_after.total_seconds():
+            continue
         if Device.objects.filter(pk=device.pk, last_heartbeat=device.last_heartbeat).update(
             status=Device.Status.OFFLINE
         ):

@@ -18,8 +18,9 @@ from workers.sitebench.agent import BenchAgent, BenchRunner
 
 
 class TimedConnection(Connection):
-    """The agent's session, timing how long the site takes to handle each heartbeat: a clock probe follows it,
-    and the site answers a socket's messages in order, so the probe's reply comes once the heartbeat is done."""
+    """The agent's session, timing how long the site takes to take in each heartbeat: a clock probe follows it, and
+    the site reads a socket's frames in order, noting a heartbeat's agent alive (webapp.devices.liveness) before
+    it reads the next, so the probe's reply comes once the heartbeat has been noted."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

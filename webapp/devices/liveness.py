@@ -1,0 +1,50 @@
+"""When each device's agent last sent a heartbeat, in Redis, written the moment the socket reads it.
+
+    await heard(device_id)          # the agent socket (webapp.agents.consumers), in its event loop
+    last_heard([1, 2, 3])           # the health check: {device id: unix time}, for those heard at all
+
+The database's `Device.last_heartbeat` is written by the site's database thread, which an overloaded site runs
+minutes behind; a board whose heartbeats wait in that queue is still alive. The health check takes a device for
+offline only when neither says it was heard lately. One hash per site (named after its database, as the event
+streams are), so every site process and the Celery worker see the same times, and sites sharing a Redis never mix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import weakref
+
+import redis
+import redis.asyncio
+from django.conf import settings
+
+_clients: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # event loop -> its async client
+
+
+def _key() -> str:
+    database = settings.DATABASES["default"]
+    site = f"{database.get('HOST') or ''}:{database.get('PORT') or ''}/{database['NAME']}"
+    return f"asteroid:{site}:heard"
+
+
+def _async_client() -> redis.asyncio.Redis:
+    loop = asyncio.get_running_loop()
+    if loop not in _clients:
+        _clients[loop] = redis.asyncio.Redis.from_url(settings.REDIS_URL, socket_timeout=30)
+    return _clients[loop]
+
+
+async def heard(device_id: int) -> None:
+    """Device `device_id`'s agent sent a heartbeat now (nothing without Redis: then the database alone says)."""
+    if settings.REDIS_URL:
+        await _async_client().hset(_key(), str(device_id), repr(time.time()))
+
+
+def last_heard(device_ids: list[int]) -> dict[int, float]:
+    """When each of these devices' agents last sent a heartbeat (unix time); those never heard are left out."""
+    if not device_ids or not settings.REDIS_URL:
+        return {}
+    with redis.Redis.from_url(settings.REDIS_URL, socket_timeout=30) as client:
+        values = client.hmget(_key(), [str(i) for i in device_ids])
+    return {i: float(v) for i, v in zip(device_ids, values) if v is not None}
