@@ -160,7 +160,10 @@ class MemoryMeter:
             if ptr not in self._params and ptr not in seen:
                 seen.add(ptr)
                 self._held[micro_batch] += storage.nbytes()
-            return t
+            # Without its grad_fn: a node saving its own output would otherwise hold it through this Python object,
+            # a cycle through the graph that only a backward freeing the graph breaks. The zero-bubble schedules'
+            # input-gradient pass keeps the graph (retain_graph), and every micro-batch's stayed in memory.
+            return t.detach()
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             yield

@@ -60,6 +60,33 @@ def test_memory_meter_counts_saved_activations_once_and_enforces_the_budget():
             layer(x)
 
 
+def test_what_the_meter_saw_is_freed_after_a_split_backward():
+    """A zero-bubble stage's B keeps the graph for its W; once W ran nothing of the micro-batch may stay alive
+    (the meter's hook used to hold each node's saved output: a cycle through the graph, ~1 GB an iteration)."""
+    import gc
+    import weakref
+
+    from engine.runtime.backward import SplitBackward
+
+    # the sigmoid saves its output, and its node lies on the input's gradient path only: B runs it, W never does
+    layer = nn.Sequential(nn.Sigmoid(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 64))
+    meter = MemoryMeter("nx-0", None, list(layer.parameters()), optimizer_states=1)
+    split = SplitBackward(layer)
+    alive = []
+    layer[0].register_forward_hook(lambda module, args, out: alive.append(weakref.ref(out)))
+    for mb in range(3):
+        x = torch.randn(8, 64, requires_grad=True)
+        with meter.forward(mb):
+            out = layer(x)
+        split.input_gradient(mb, out, torch.ones(8, 64), x)
+        split.weight_gradient(mb)
+        meter.release(mb)
+        del out, x
+    gc.collect()
+    assert len(alive) == 3 and [r() for r in alive] == [None, None, None]
+    assert all(p.grad is not None for p in layer.parameters())
+
+
 def test_a_slower_device_kind_really_takes_longer_in_device_time():
     # 4 samples x 1 GFLOP on a Xavier NX (422 GFLOP/s sustained) is ~10 ms of device time; a Nano is 3.6x slower
     w = sized_workload("mobilenetv2", 1e9)
