@@ -105,3 +105,19 @@ def test_a_job_sending_changes_of_activations_keeps_its_datasets_samples_and_re_
     assert job.plan["delta_samples"] == 1438  # digits' training split: every sample kept, once per pair
     plan = Plan.from_dict(job.plan)
     assert plan_compression(plan.compression, plan.delta) == "delta:2"  # what the coordinator re-plans with
+
+
+def test_a_lab_of_heartbeats_at_once_is_noted(db):
+    """Hundreds of agents' heartbeats read in the same instant: each is noted (the async Redis pool refused the
+    101st connection by default, and the refusal closed that agent's socket)."""
+    import asyncio
+
+    from asgiref.sync import async_to_sync
+
+    from webapp.devices import liveness
+
+    async def lab():
+        await asyncio.gather(*(liveness.heard(i) for i in range(1, 301)))
+
+    async_to_sync(lab)()
+    assert len(liveness.last_heard(list(range(1, 301)))) == 300

@@ -31,7 +31,9 @@ def _key() -> str:
 def _async_client() -> redis.asyncio.Redis:
     loop = asyncio.get_running_loop()
     if loop not in _clients:
-        _clients[loop] = redis.asyncio.Redis.from_url(settings.REDIS_URL, socket_timeout=30)
+        # as many connections as the channel layer's pool (webapp/settings.py): redis-py refuses the 101st by
+        # default, and a lab of agents' heartbeats arrive together (a refused one would close its socket)
+        _clients[loop] = redis.asyncio.Redis.from_url(settings.REDIS_URL, socket_timeout=30, max_connections=5000)
     return _clients[loop]
 
 
