@@ -25,8 +25,7 @@ Fault tolerance (replication every K iterations): at a replication point each st
 its layers' weights and optimizer state to its neighbour (the next stage's first device, wrapping around)
 and to the coordinator, one after the other over its link; the slowest stage's copy adds to that iteration,
 K-th of it to the average one. Every device then holds a snapshot of its own layers' weights and optimizer
-state, and each stage's neighbour the replica it received. Activation-change compression (the plan's
-`delta_samples`) adds what its pairs keep (`delta_memory`).
+state, and each stage's neighbour the replica it received. Changes of activations add `delta_memory`.
 """
 
 from __future__ import annotations
@@ -402,17 +401,14 @@ def replication_memory(plan: Plan, w: Workload) -> dict[str, int]:
 def delta_memory(plan: Plan, w: Workload) -> dict[str, int]:
     """The most bytes each device keeps for activation-change compression (engine.deltas): per peer across a
     compressed boundary, `delta_samples` activations in bfloat16 and as many that the last iterations replaced."""
-    held = {name: 0 for name in plan.device_names}
-    for b in range(len(plan.stages) - 1) if plan.delta else ():
-        if plan.level(b) >= OFF:
-            continue
-        row = w.output_bytes[plan.stages[b].end - 1] // 2
+    held = dict.fromkeys(plan.device_names, 0)
+    for b in (b for b in range(len(plan.stages) - 1) if plan.delta and plan.level(b) < OFF):
+        each = 2 * plan.delta_samples * (w.output_bytes[plan.stages[b].end - 1] // 2)
         ends = [list(itertools.accumulate((0, *(s.samples for s in plan.stages[b + i].devices)))) for i in (0, 1)]
         for i, a in enumerate(plan.stages[b].devices):
             for j, c in enumerate(plan.stages[b + 1].devices):
                 if max(ends[0][i], ends[1][j]) < min(ends[0][i + 1], ends[1][j + 1]):  # their samples meet
-                    for name in (a.name, c.name):
-                        held[name] += 2 * plan.delta_samples * row
+                    held[a.name], held[c.name] = held[a.name] + each, held[c.name] + each
     return held
 
 
