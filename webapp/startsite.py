@@ -93,8 +93,9 @@ def _reach(host: str) -> str:
     return "127.0.0.1" if host in WILDCARDS else host
 
 
-def wait_for_site(host: str, port: int, daphnes: list[Supervised], timeout: float = 30.0) -> None:
-    """Return once a daphne process answers an HTTP request on `port`; fail if they all exit first."""
+def wait_for_site(host: str, port: int, daphnes: list[Supervised], timeout: float = 90.0) -> None:
+    """Return once a daphne process answers an HTTP request on `port` (importing Django and torch with every other
+    child starting beside it takes a while on a busy 2-core machine); fail if they all exit first."""
     deadline = time.monotonic() + timeout
     while any(d.proc.poll() is None for d in daphnes):
         conn = http.client.HTTPConnection(_reach(host), port, timeout=1)

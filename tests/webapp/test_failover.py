@@ -64,10 +64,13 @@ def test_a_hung_coordinators_process_loses_its_job_to_another_and_the_job_comple
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     frozen = None
     try:
+        said = []
         for line in launcher.stdout:
+            said.append(line)
             if "Press Ctrl-C to stop." in line:
                 break
-        assert launcher.poll() is None, "the site did not start (its output follows at the end)"
+        else:
+            pytest.fail("the site did not start; it said:\n" + "".join(said)[-3000:])
         token = subprocess.run([sys.executable, "manage.py", "createtoken", "admin"], cwd=ROOT, env=env,
                                capture_output=True, text=True, check=True).stdout.split()[-1]  # fmt: skip
 

@@ -2,8 +2,10 @@
 start/serve/stop cycle."""
 
 import os
+import random
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -15,16 +17,35 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from webapp.startsite import ensure_admin
-from workers.device import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_ports(count: int) -> int:
+    """The first of `count` consecutive TCP ports free now, below Linux's ephemeral range (32768-60999), so that
+    no client connection of another process (to Redis, PostgreSQL) holds one of them when the site binds it."""
+    while True:
+        base = random.randrange(20000, 32768 - count)
+        sockets = []
+        try:
+            for port in range(base, base + count):
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sockets.append(s)
+                s.bind(("0.0.0.0", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in sockets:
+                s.close()
 
 
 def launcher_env(tmp_path, **extra):
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "ASTEROID_ADMIN_PASSWORD")}
     private = {"ASTEROID_VAR_DIR": str(tmp_path / "var"), "ASTEROID_CLUSTER": "none"}  # agents: tests/e2e
-    return {**env, **private, "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}", "ASTEROID_PORT": str(free_port()),
-            "ASTEROID_STORE_PORT": str(free_port()), **extra}  # fmt: skip
+    port = free_ports(5)  # the site's, then a store gateway for each of up to 4 coordinators processes
+    return {**env, **private, "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}", "ASTEROID_PORT": str(port),
+            "ASTEROID_STORE_PORT": str(port + 1), **extra}  # fmt: skip
 
 
 def children_of(pid: int) -> list[int]:
