@@ -157,9 +157,13 @@ def _pct(xs: list[float], q: float) -> str:
 
 def report(results: dict[str, dict[str, Scores]], doc: dict, command: str) -> str:
     """Markdown: pooled errors and plan quality per method, then the adapted predictor per held-out configuration."""
+    how = "; ".join(
+        f"{section}: {m['rounds']} pass(es){', threads pinned' if m.get('pinned') else ''}, median per layer"
+        for section, m in sorted(doc.get("method", {}).items())
+    )
     lines = [
         f"Measured on: {doc.get('host', '?')}; configurations {', '.join(sorted(doc['configs']))}; "
-        f"held out in turn: {', '.join(results)}. Command: `{command}`",
+        f"held out in turn: {', '.join(results)}{f'; measured as {how}' if how else ''}. Command: `{command}`",
         "",
         "| method | per-layer error, median | p90 | stage error, median | p90 | plan throughput vs true-profile plan, "
         "median | worst |",

@@ -3,6 +3,7 @@
 python -m engine.predictor measure            # every configuration this machine runs x every zoo model (minutes)
 python -m engine.predictor measure --configs cuda --models gpt-small,resnet50
 python -m engine.predictor measure --repeat --models mobilenetv2,resnet50,vgg16,gpt-small,bert-small --micro-batches 8
+python -m engine.predictor measure --rounds 1   # one pass (faster, noisier; default 3 passes, median per layer)
 python -m engine.predictor fit                # engine/predictor/data/predictor.pkl from measurements.json
 """
 
@@ -26,6 +27,12 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--models", default="", help="comma-separated zoo models (default: all)")
     m.add_argument("--micro-batches", default="2,8", help="micro-batch sizes to time at (default 2,8)")
     m.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="passes over every cell, each layer's time the median of its passes (default 3)",
+    )
+    m.add_argument(
         "--repeat",
         action="store_true",
         help="store as a repeat measurement (bench predictor's noise floor), not as training data",
@@ -44,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
 def _measure(args) -> int:
     from engine.models import get_model, model_names
     from engine.predictor.configs import available, get_config
-    from engine.predictor.measure import MEASUREMENTS, measure
+    from engine.predictor.measure import MEASUREMENTS, ROUNDS, measure
 
     configs = [get_config(c.strip()) for c in args.configs.split(",") if c.strip()] or [
         get_config(c) for c in available()
@@ -61,9 +68,13 @@ def _measure(args) -> int:
         raise UserError(f"--micro-batches takes comma-separated integers, got {args.micro_batches!r}") from None
     if not batches or min(batches) < 1:
         raise UserError(f"--micro-batches must be positive, got {args.micro_batches!r}")
-    measure(configs, models, batches, section="repeat" if args.repeat else "configs")
+    rounds = ROUNDS if args.rounds is None else args.rounds
+    if rounds < 1:
+        raise UserError(f"--rounds must be at least 1, got {rounds}")
+    measure(configs, models, batches, section="repeat" if args.repeat else "configs", rounds=rounds)
     what = "repeat measurements" if args.repeat else "measurements"
-    print(f"measured {len(configs)} configuration(s) x {len(models)} model(s): {what} in {MEASUREMENTS}")
+    print(f"measured {len(configs)} configuration(s) x {len(models)} model(s), {rounds} pass(es): {what} in "
+          f"{MEASUREMENTS}")  # fmt: skip
     return 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -20,6 +21,10 @@ DATA_DIR = Path(__file__).parent / "data"
 MEASUREMENTS = DATA_DIR / "measurements.json"
 MICRO_BATCHES = (2, 8)
 MIN_REPEATS, MIN_SECONDS, MAX_REPEATS = 5, 0.05, 50
+# A measurement of the training set is this many passes over every cell, one after the other, and each layer's time
+# the median of its passes: a shared host's load drifts over minutes, and a pass-to-pass median smooths the drift
+# that a median of back-to-back repeats inside one pass cannot.
+ROUNDS = 3
 
 
 def time_layer(layer: nn.Module, x: Tensor, config: Config) -> tuple[float, float, Tensor]:
@@ -72,6 +77,33 @@ def layer_times(model: str, config: Config, micro_batch: int, only: set[int] | N
     return out
 
 
+def _threads() -> list[int]:
+    """The ids of this process's threads (Linux), or [0]: the calling thread."""
+    return [int(t) for t in os.listdir("/proc/self/task")] if os.path.isdir("/proc/self/task") else [0]
+
+
+def _set_affinity(cpus) -> None:
+    for task in _threads():
+        with contextlib.suppress(OSError):  # a thread that has just exited
+            os.sched_setaffinity(task, cpus)
+
+
+@contextlib.contextmanager
+def pinned(threads: int):
+    """Run every thread of this process on the same `threads` CPUs (the last ones this process may use: the first
+    tends to take the machine's interrupts) until the block ends, so a measurement's threads do not migrate
+    between cores; the CPUs allowed before are restored. Where affinity cannot be set, nothing changes."""
+    if not hasattr(os, "sched_setaffinity"):
+        yield
+        return
+    allowed = sorted(os.sched_getaffinity(0))
+    _set_affinity(set(allowed[-threads:]))
+    try:
+        yield
+    finally:
+        _set_affinity(allowed)
+
+
 def measure(
     configs: list[Config],
     models: list[str],
@@ -79,22 +111,29 @@ def measure(
     path: Path = MEASUREMENTS,
     progress=True,
     section: str = "configs",
+    rounds: int = ROUNDS,
 ) -> dict:
-    """Measure every (configuration, model, micro-batch) and merge it into the measurements file at `path`, under
-    `section`: "configs" (the training set) or "repeat" (the same configurations measured again: how much a
-    measurement itself moves on this machine, the floor under any prediction's error)."""
+    """Measure every (configuration, model, micro-batch) `rounds` times, pass after pass with each configuration's
+    threads pinned to CPUs (`pinned`), and merge each layer's median of the passes into the measurements file at
+    `path`, under `section`: "configs" (the training set) or "repeat" (the same configurations measured again: how
+    much a measurement itself moves on this machine, the floor under any prediction's error)."""
     doc = load(path) if path.exists() else {"version": 1, "configs": {}}
     doc["host"] = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
-    with Progress(len(configs) * len(models) * len(micro_batches), "measuring layers", progress) as bar:
-        for config in configs:
-            for model in models:
-                for mb in micro_batches:
-                    times = layer_times(model, config, mb)
+    doc.setdefault("method", {})[section] = {"rounds": rounds, "pinned": hasattr(os, "sched_setaffinity")}
+    cells = [(config, model, mb) for config in configs for model in models for mb in micro_batches]
+    passes: dict[tuple, list[dict[int, list[float]]]] = {}
+    with Progress(len(cells) * rounds, "measuring layers", progress) as bar:
+        for r in range(rounds):
+            for config, model, mb in cells:
+                with pinned(config.threads):
+                    passes.setdefault((config.name, model, mb), []).append(layer_times(model, config, mb))
+                bar.update(note=f"pass {r + 1}/{rounds}: {config.name} {model} x{mb}")
+                if r == rounds - 1:  # a cell is stored once measured in every pass: an interrupted run keeps those
+                    times = passes[(config.name, model, mb)]
                     doc.setdefault(section, {}).setdefault(config.name, {}).setdefault(model, {})[str(mb)] = [
-                        times[i] for i in range(len(times))
+                        [statistics.median(p[i][d] for p in times) for d in (0, 1)] for i in range(len(times[0]))
                     ]
-                    bar.update(note=f"{config.name} {model} x{mb}")
-                    save(doc, path)  # after every cell: an interrupted run keeps what it measured
+                    save(doc, path)
     return doc
 
 

@@ -12,7 +12,7 @@ import pytest
 from engine.predictor.adapt import DeviceModel, predicted_times
 from engine.predictor.configs import CONFIGS
 from engine.predictor.features import LAYER_FEATURES, layer_features, work_mix
-from engine.predictor.measure import MEASUREMENTS, layer_times, load
+from engine.predictor.measure import MEASUREMENTS, layer_times, load, measure, pinned
 from engine.predictor.model import MODEL_FILE, Predictor, load_predictor
 from engine.predictor.probe import PROBE_BATCH, PROBE_KEYS, check, from_measurements, run_probe
 
@@ -160,12 +160,56 @@ def test_predicted_times_cover_every_layer_and_follow_the_probe():
     assert fwd[1] == probe["gpt-small:1"][0]  # a probe layer at the probe's micro-batch is its measurement
 
 
-def test_the_command_line_reports_mistakes_in_one_line():
-    run = subprocess.run(
-        [sys.executable, "-m", "engine.predictor", "measure", "--configs", "fp64-9t"], capture_output=True, text=True
-    )
-    assert run.returncode == 2 and run.stderr.strip().startswith("error: unknown configuration 'fp64-9t'")
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--configs", "fp64-9t"], "error: unknown configuration 'fp64-9t'"),
+        (["--rounds", "0"], "error: --rounds must be at least 1, got 0"),
+    ],
+)
+def test_the_command_line_reports_mistakes_in_one_line(args, needle):
+    run = subprocess.run([sys.executable, "-m", "engine.predictor", "measure", *args], capture_output=True, text=True)
+    assert run.returncode == 2 and run.stderr.strip().startswith(needle)
     assert len(run.stderr.strip().splitlines()) == 1
+
+
+def test_a_pinned_measurement_runs_every_thread_on_its_cpus_and_gives_them_back():
+    import os
+    import threading
+
+    before = os.sched_getaffinity(0)
+    seen = {}
+    with pinned(1):
+        seen["main"] = os.sched_getaffinity(0)
+        helper = threading.Thread(target=lambda: seen.setdefault("started inside", os.sched_getaffinity(0)))
+        helper.start()
+        helper.join()
+    assert seen["main"] == seen["started inside"] == {max(before)}
+    assert os.sched_getaffinity(0) == before
+
+
+def test_a_measurement_of_several_passes_stores_each_layers_median_of_them(tmp_path, monkeypatch):
+    """Two real passes over a small model; the stored time of every layer is the median (here the mean) of what
+    each pass measured, and the file says how it was measured."""
+    import engine.predictor.measure as measuring
+
+    passes = []
+    real = measuring.layer_times
+
+    def recorded(*args, **kw):  # the real timing, kept to compare against what is stored
+        passes.append(real(*args, **kw))
+        return passes[-1]
+
+    monkeypatch.setattr(measuring, "layer_times", recorded)
+    path = tmp_path / "measurements.json"
+    doc = measure([CONFIGS["fp32-1t"]], ["mobilenetv2"], (2,), path=path, progress=False, section="repeat", rounds=2)
+    stored = load(path)["repeat"]["fp32-1t"]["mobilenetv2"]["2"]
+    assert stored == doc["repeat"]["fp32-1t"]["mobilenetv2"]["2"] and len(passes) == 2
+    assert passes[0] != passes[1]  # two real timings, not one copied
+    for i, (f, b) in enumerate(stored):
+        assert f == pytest.approx((passes[0][i][0] + passes[1][i][0]) / 2)
+        assert b == pytest.approx((passes[0][i][1] + passes[1][i][1]) / 2)
+    assert load(path)["method"] == {"repeat": {"rounds": 2, "pinned": True}}
 
 
 def test_the_benchmark_scores_every_method_on_a_held_out_device(generated):
