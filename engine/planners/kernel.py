@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from engine.planners.stagecosts import allocate_time, memory_free
+from engine.planners.stagecosts import allocate_time, memory_free, stage_allreduce
 
 
 @njit(cache=True)
@@ -35,6 +35,30 @@ def _entries(n):
 def _grow_entries(U, S, A, j, g, n, need):
     """The six arrays of `_entries`, each with room for `need`."""
     return _grow(U, need), _grow(S, need), _grow(A, need), _grow(j, need), _grow(g, need), _grow(n, need)
+
+
+@njit(cache=True)
+def _work_window(M, m, sg, sr, R, room, tail):
+    """The work x of the stage's layers, out of the R left, for which the stage (at least m x / sg seconds) and the
+    layers after it (at least (R - x) m / sr) can fit `room` as the search requires of every entry: M u + rest <=
+    room, u + M rest <= room and u + rest + tail <= room. Each is linear in x; the window is their intersection
+    (lo > hi: none), widened by a relative 1e-9 so that float rounding never rules out what the exact test keeps."""
+    lo, hi = 0.0, R
+    for case in range(3):
+        if case == 0:
+            a, c = M * m / sg - m / sr, room - R * m / sr
+        elif case == 1:
+            a, c = m / sg - M * m / sr, room - M * R * m / sr
+        else:
+            a, c = m / sg - m / sr, room - tail - R * m / sr
+        if a > 0:
+            hi = min(hi, c / a)
+        elif a < 0:
+            lo = max(lo, c / a)
+        elif c < 0:
+            return 1.0, 0.0
+    slack = 1e-9 * R
+    return lo - slack, hi + slack
 
 
 @njit(cache=True, nogil=True)
@@ -149,6 +173,12 @@ def front_search(t, cap_bound, limit, ks, k_top, cuts, states, codes, ordered, k
                     if k != 1 and n_rest >= after:
                         hi = min(np.searchsorted(Wp, Wi + limit * sg / m, side="right") - 1, L - after)
                         lo = max(np.searchsorted(Wp, Wl - limit * sr / m, side="left"), i + 1)
+                        x_lo, x_hi = _work_window(M, m, sg, sr, Wl - Wi, room, tail)
+                        if x_lo > x_hi:
+                            lo, hi = L + 1, L - 1
+                        else:
+                            hi = min(hi, np.searchsorted(Wp, Wi + x_hi, side="right") - 1)
+                            lo = max(lo, np.searchsorted(Wp, Wi + x_lo, side="left"))
                     last = k <= 1 and (Wl - Wi) * m <= limit * sg
                     middle = hi - lo + 1 if hi >= lo else 0
                     for step in range(middle + (1 if last else 0)):
@@ -167,7 +197,12 @@ def front_search(t, cap_bound, limit, ks, k_top, cuts, states, codes, ordered, k
                         for x in range(K):
                             if g[x]:
                                 inv += g[x] / (work / speed[x] + comm)
-                        if (m / inv) + fixed > u_max:
+                        u_lb = (m / inv) + fixed
+                        if u_lb > u_max:
+                            continue
+                        # the all-reduce is the stage's alone: with it, the bound above may already be passed
+                        ar = stage_allreduce(t, i, j, g)
+                        if u_lb + ar + rest_s + (M - 1) * max(u_lb, up, rest_s) > room * (1 + 1e-9):
                             continue
                         u, ar, fits = memory_free(t, i, j, g)
                         if in_flight > fits:

@@ -47,7 +47,7 @@ def _fixed(t, i, j):
 
 
 @njit(cache=True)
-def _allreduce(t, i, j, g):
+def stage_allreduce(t, i, j, g):
     """Ring all-reduce of layers [i, j) across group g at its slowest class's link (costmodel.allreduce_s)."""
     K, link_mbps = t.K, t.link_mbps
     n = 0
@@ -113,7 +113,7 @@ def memory_free(t, i, j, g):
                     break
                 q += 1
     time = _fixed(t, i, j) + best
-    ar = _allreduce(t, i, j, g)
+    ar = stage_allreduce(t, i, j, g)
     most = NO_CAP
     st = static[j] - static[i]
     sv = saved[j] - saved[i]

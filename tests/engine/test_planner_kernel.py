@@ -59,3 +59,44 @@ def test_compiled_search_matches_the_oracle_on_larger_instances():
         assert math.isclose(best.predicted.iteration_s, oracle.predicted.iteration_s, rel_tol=1e-9), seed
         compared += 1
     assert compared >= 6, compared
+
+
+def _ordered_optimum(problem):
+    """The published planner's space by brute force: every stage count, cut and micro-batch count, each stage's
+    group the next devices of the memory order (devices left over stay idle); the fastest plan that fits."""
+    from engine.planners.common import best_plan, device_classes, finish
+    from engine.planners.exhaustive import _stages
+
+    classes = device_classes(problem.cluster, problem.workload)
+    order = [k for k, c in enumerate(classes) for _ in c]
+    n, L, best = len(order), problem.workload.num_layers, None
+    for M in problem.micro_batch_options:
+        for S in range(1, min(n, L) + 1):
+            for cuts in itertools.combinations(range(1, L), S - 1):
+                for ends in itertools.combinations(range(1, n + 1), S):
+                    groups = [tuple(order[a:b].count(k) for k in range(len(classes))) for a, b in
+                              zip((0, *ends), ends)]  # fmt: skip
+                    stages = _stages(problem, classes, (0, *cuts, L), groups, problem.batch_size // M, M)
+                    plan = stages and finish(problem, "ordered", M, stages)
+                    if plan and plan.predicted.fits:
+                        best = best_plan([best, plan])
+    return best
+
+
+def test_the_ordered_search_finds_the_optimum_of_its_space(monkeypatch):
+    """Past EXACT_LIMIT the search runs over contiguous runs of the memory order, pruned by bounds on the stage's
+    work, its all-reduce and the pipeline's fill and drain; on random instances it gives the brute force's optimum
+    of that space (and finds no plan where none fits)."""
+    monkeypatch.setattr(asteroid, "EXACT_LIMIT", 0)
+    compared = 0
+    for seed in range(40):
+        problem = random_problem(random.Random(900 + seed), max_devices=6, max_layers=6)
+        oracle = _ordered_optimum(problem)
+        if oracle is None:
+            with pytest.raises(asteroid.NoFeasiblePlan):
+                asteroid.plan(problem)
+            continue
+        best = asteroid.plan(problem)
+        assert math.isclose(best.predicted.iteration_s, oracle.predicted.iteration_s, rel_tol=1e-9), seed
+        compared += 1
+    assert compared >= 25, compared
