@@ -85,6 +85,11 @@ def front_search(t, cap_bound, limit, ks, k_top, cuts, states, codes, ordered, k
     g = np.zeros(K, np.int64)
     rest = np.zeros(K, np.int64)
     Wl = Wp[L]
+    # Every plan's slowest stage takes at least the whole work over the whole cluster's speed, and at least the
+    # work before a state over the speed of the devices left for it: below that floor, a front entry's own
+    # slowest stage cannot decide the plan's, so the fronts compare entries' slowest stages from the floor up.
+    # Only when one plan is wanted: the ranking asks the fronts for more of the trade-offs (`keep`).
+    lb_all = Wl * m / total_speed if keep == 1 else 0.0
     for i in range(L - 1, -1, -1):
         Wi = Wp[i]
         for r in range(R):
@@ -103,6 +108,7 @@ def front_search(t, cap_bound, limit, ks, k_top, cuts, states, codes, ordered, k
                     start[kk, i, r] = used
                 continue
             room = cap_bound - up
+            f = up if up > lb_all and keep == 1 else lb_all
             tail = (M - 1) * up
             for kk in range(nk):
                 k = 0 if relaxed else kk
@@ -222,9 +228,12 @@ def front_search(t, cap_bound, limit, ks, k_top, cuts, states, codes, ordered, k
                         floor = u if u > up else up
                         ck = 0 if relaxed else k - 1
                         cs = start[ck, j, child]
+                        f_c = Wp[j] * m / (total_speed - sr)  # the child state's floor, as it computed it
+                        f_c = f_c if f_c > lb_all and keep == 1 else lb_all
                         for e in range(cs, cs + length[ck, j, child]):
-                            # fronts are sorted by (M - 1) U + S + A, which no way of extending an entry lowers
-                            if (M - 1) * pU[e] + pS[e] + pA[e] > lim:
+                            # fronts are sorted by (M - 1) max(U, floor) + S + A, which no way of extending an entry
+                            # lowers (the floor is at most max(u, up) here)
+                            if (M - 1) * (pU[e] if pU[e] > f_c else f_c) + pS[e] + pA[e] > lim:
                                 break
                             U = u if u > pU[e] else pU[e]
                             A = ar if ar > pA[e] else pA[e]
@@ -234,13 +243,14 @@ def front_search(t, cap_bound, limit, ks, k_top, cuts, states, codes, ordered, k
                                 eU[n_e], eS[n_e], eA[n_e], ej[n_e], eg[n_e], en[n_e] = U, u + pS[e], A, j, gcode, e
                                 n_e += 1
                 # The front: entries no other beats for every way of finishing the plan. Finishing adds stages of
-                # time x and all-reduce y to both: e1 is never worse than e2 iff S1 + (M - 1)(U1 - U2)+ +
-                # (A1 - A2)+ <= S2. A beating entry has the smaller key, so in key order only kept ones can beat.
+                # time x >= f and all-reduce y to both: with U' = max(U, f), e1 is never worse than e2 iff S1 +
+                # (M - 1)(U1' - U2')+ + (A1 - A2)+ <= S2. A beating entry has the smaller key (M - 1) U' + S + A,
+                # so in key order only kept ones can beat.
                 start[kk, i, r] = used
                 if n_e:
                     key = np.empty(n_e)
                     for e in range(n_e):
-                        key[e] = (M - 1) * eU[e] + eS[e] + eA[e]
+                        key[e] = (M - 1) * (eU[e] if eU[e] > f else f) + eS[e] + eA[e]
                     order = np.argsort(key, kind="mergesort")
                     need = used + n_e
                     pU, pS, pA, pj, pg, pn = _grow_entries(pU, pS, pA, pj, pg, pn, need)
@@ -250,7 +260,7 @@ def front_search(t, cap_bound, limit, ks, k_top, cuts, states, codes, ordered, k
                         U, S, A = eU[e], eS[e], eA[e]
                         beaten = False
                         for q in range(used, used + kept):
-                            du, da = pU[q] - U, pA[q] - A
+                            du, da = (pU[q] if pU[q] > f else f) - (U if U > f else f), pA[q] - A
                             if pS[q] + (M - 1) * (du if du > 0 else 0.0) + (da if da > 0 else 0.0) <= S:
                                 beaten = True
                                 break
