@@ -330,3 +330,34 @@ def test_a_clock_probe_before_hello_is_refused_like_any_message():
         await ws.disconnect()
 
     async_to_sync(run)()
+
+
+def test_an_agent_is_let_in_and_heard_while_the_database_thread_is_busy():
+    """Authentication does not queue behind the one thread where sockets' database work runs (stored event
+    batches, hellos): an agent connects and its heartbeat is noted alive while that thread is held."""
+    import asyncio
+
+    from channels.db import database_sync_to_async
+
+    from webapp.devices import liveness
+
+    device, credential = enrolled()
+
+    async def run():
+        busy = asyncio.ensure_future(database_sync_to_async(time.sleep)(5))  # the database thread, held
+        await asyncio.sleep(0.2)
+        ws = agent_socket(credential)
+        assert (await ws.connect(timeout=4))[0]
+        await ws.send_json_to(HELLO)
+        await ws.send_json_to({"type": "heartbeat", "state": "idle", "job": None, "pending": 0})
+        for _ in range(40):
+            heard = await database_sync_to_async(liveness.last_heard, thread_sensitive=False)([device.pk])
+            if heard or busy.done():
+                break
+            await asyncio.sleep(0.1)
+        assert heard and not busy.done()  # heard before the database thread was free again
+        assert (await ws.receive_json_from(10))["type"] == "welcome"  # the hello is answered once it is
+        await busy
+        await ws.disconnect()
+
+    async_to_sync(run)()

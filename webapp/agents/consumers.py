@@ -40,9 +40,13 @@ def _header(scope, name: bytes) -> str | None:
     return None
 
 
-@database_sync_to_async
-def _authenticate(scope) -> Device | None:
+def _device_of(scope) -> Device | None:
     return Device.for_credential(bearer(_header(scope, b"authorization")))
+
+
+# One read, so it need not wait for daphne's one database thread, where every socket's stored batches queue: a lab
+# reconnecting at once (a daphne restarted) is let in, and its heartbeats heard, while that thread catches up.
+_authenticate = database_sync_to_async(_device_of, thread_sensitive=False)
 
 
 @database_sync_to_async
