@@ -1,6 +1,6 @@
 """The agent socket `/ws/agent/`: device-token auth, checked messages; presence goes to the device, `accepted` and
-`events` to its jobs (webapp.jobs.launching, webapp.jobs.ingest); `clock` probes are answered with this host's
-monotonic clock, the time base of every host (workers/clock.py)."""
+`events` to its jobs (webapp.jobs.launching; webapp.agents.rounds stores events); `clock` probes are answered
+with this host's monotonic clock, the time base of every host (workers/clock.py)."""
 
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ from django.core.cache import cache
 from django.utils import timezone
 
 from engine.devices import canonical_probe
+from webapp.agents.rounds import rounds
 from webapp.devices import liveness
 from webapp.devices.agents import agent_group
 from webapp.devices.models import Device
 from webapp.devices.protocol import ProtocolError, parse
 from webapp.jobs.ending import reconcile
-from webapp.jobs.ingest import record_events
 from webapp.jobs.launching import accepted, unanswered
 from webapp.lib.dispatch import DirectDispatch
 from webapp.lib.pace import Pace
@@ -94,12 +94,6 @@ def _heartbeat(device: Device, msg: dict) -> None:
 @database_sync_to_async
 def _accepted(device: Device, msg: dict) -> None:
     accepted(device, msg["job"])
-
-
-@database_sync_to_async
-def _events(device: Device, msg: dict) -> int:
-    device.refresh_from_db(fields=["last_seq", "session"])
-    return record_events(device, msg["events"], msg["last_seq"])
 
 
 def _connection_key(device: Device) -> str:
@@ -185,7 +179,7 @@ class AgentConsumer(DirectDispatch, AsyncWebsocketConsumer):
                     for seq, why in msg["rejected"]:  # acknowledged below all the same: the stream goes on without it
                         log.warning("device %s: dropped event %d: %s", self.device.name, seq, why)
                         await self.send_json({"type": "error", "message": f"event {seq} dropped: {why}"})
-                    await self.send_json({"type": "ack", "seq": await _events(self.device, msg)})
+                    await self.send_json({"type": "ack", "seq": await rounds().record(self.device, msg)})
         except asyncio.CancelledError:
             raise
         except Exception:

@@ -12,7 +12,7 @@ from webapp.devices.models import Device
 from webapp.jobs import eventstream
 from webapp.jobs.ending import fail, finish, release
 from webapp.jobs.models import Job, JobDevice, JobEvent
-from webapp.jobs.notify import browser_event, held, job_log, notify
+from webapp.jobs.notify import browser_event, held, job_log, notify, savepoint
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +28,36 @@ def record_events(device: Device, items: list[dict], through: int | None = None)
     drop duplicates, relay them, and add those its job's coordinator reads to the job's stream; returns the
     highest seq now stored (what to acknowledge). `through`: the batch's highest seq, counting events that were
     rejected as malformed (acknowledged, never stored)."""
+    with held(), transaction.atomic():
+        top, streamed = _store(device, items, through)
+    eventstream.publish(streamed)  # after the commit (the coordinator reads what the database has)
+    return top
+
+
+def record_round(batches: list[tuple[Device, list[dict], int | None]]) -> tuple[list, list[tuple[str, dict]]]:
+    """Several agents' batches, each (device, items, through) as `record_events` takes them, stored in one
+    transaction, each in a savepoint of its own (a batch that fails loses only itself), then streamed to the
+    coordinators. Returns each batch's acknowledgement (or the exception it failed with) and the frames for the
+    jobs' watchers, (group, message), one per job: the caller sends them."""
+    results, streamed, frames = [], [], []
+    with held(frames), transaction.atomic():
+        for device, items, through in batches:
+            try:
+                with savepoint():
+                    device.refresh_from_db(fields=["last_seq", "session"])
+                    top, more = _store(device, items, through)
+            except Exception as exc:  # the agent is told by its socket's close, and sends the batch again
+                results.append(exc)
+                continue
+            results.append(top)
+            streamed += more
+    eventstream.publish(streamed)
+    return results, frames
+
+
+def _store(device: Device, items: list[dict], through: int | None) -> tuple[int, list]:
+    """One batch, inside the caller's transaction and `held()` block: the seq to acknowledge, and the stream's
+    entries for the coordinators."""
     top = max([it["seq"] for it in items] + [through or 0])
     rows = (
         JobDevice.objects.filter(device=device, job_id__in={it["job"] for it in items})
@@ -61,23 +91,20 @@ def record_events(device: Device, items: list[dict], through: int | None = None)
             steps.setdefault(row.job_id, []).append(browser_event(ev))
     if top > device.last_seq:
         # A stored event is an applied one: both happen, or neither; watchers hear of them once they have.
-        with held(), transaction.atomic():
-            JobEvent.objects.bulk_create(stored)
-            Device.objects.filter(pk=device.pk).update(last_seq=top)
-            for job_id, batch in steps.items():
-                notify(job_id, {"type": "steps", "steps": batch})
-            # the job's progress moves once per batch: to its last iteration (a fast job's agent sends dozens)
-            last = {ev.job_id: i for i, ev in enumerate(stored) if ev.type == "iteration"}
-            for i, ev in enumerate(stored):
-                if ev.type == "iteration" and last[ev.job_id] != i:
-                    if jobs[ev.job_id].job.status in Job.ACTIVE:
-                        notify(ev.job_id, browser_event(ev.data))
-                elif ev.type != "step":
-                    _apply(jobs[ev.job_id], ev.data)
+        JobEvent.objects.bulk_create(stored)
+        Device.objects.filter(pk=device.pk).update(last_seq=top)
+        for job_id, batch in steps.items():
+            notify(job_id, {"type": "steps", "steps": batch})
+        # the job's progress moves once per batch: to its last iteration (a fast job's agent sends dozens)
+        last = {ev.job_id: i for i, ev in enumerate(stored) if ev.type == "iteration"}
+        for i, ev in enumerate(stored):
+            if ev.type == "iteration" and last[ev.job_id] != i:
+                if jobs[ev.job_id].job.status in Job.ACTIVE:
+                    notify(ev.job_id, browser_event(ev.data))
+            elif ev.type != "step":
+                _apply(jobs[ev.job_id], ev.data)
         device.last_seq = top
-    # After the commit (the coordinator reads what the database has), before the acknowledgement.
-    eventstream.publish(streamed)
-    return device.last_seq
+    return device.last_seq, streamed
 
 
 def _device_state(row: JobDevice, state: str, **fields) -> None:

@@ -6,6 +6,7 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterator
 
+from django.db import transaction
 from django.utils import timezone
 
 from engine import events
@@ -35,11 +36,12 @@ def after(action: Callable[[], None]) -> None:
 
 
 @contextlib.contextmanager
-def held() -> Iterator[None]:
+def held(frames: list[tuple[str, dict]] | None = None) -> Iterator[None]:
     """Hold the notifications and `after` actions of the block until it has finished (its transaction
     committed); then run the actions and send each job's notifications as one message (`{"type": "batch",
     "messages": [...]}` when there are several, in order). A block that fails does and sends nothing:
-    watchers never hear of what was not stored."""
+    watchers never hear of what was not stored. With `frames`, the messages are appended to it as
+    (group, message) for the caller to send (from async code, without a hop per message)."""
     if getattr(_held, "messages", None) is not None:  # nested: the outer block sends them
         yield
         return
@@ -55,9 +57,24 @@ def held() -> Iterator[None]:
             by_job.setdefault(job_id, []).append(message)
         for job_id, batch in by_job.items():  # one frame per watcher, however many events the block applied
             relayed = batch[0] if len(batch) == 1 else {"type": "batch", "messages": batch}
-            group_send(f"job.{job_id}", "job.message", relayed)
+            if frames is None:
+                group_send(f"job.{job_id}", "job.message", relayed)
+            else:
+                frames.append((f"job.{job_id}", relayed))
     finally:
         _held.messages = _held.actions = None
+
+
+@contextlib.contextmanager
+def savepoint() -> Iterator[None]:
+    """A nested transaction inside `held()`: if it fails, its notifications and actions go with its writes."""
+    messages, actions = len(_held.messages), len(_held.actions)
+    try:
+        with transaction.atomic():
+            yield
+    except BaseException:
+        del _held.messages[messages:], _held.actions[actions:]
+        raise
 
 
 def job_log(job: Job, message: str, level: str = "info") -> None:

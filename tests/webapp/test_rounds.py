@@ -1,0 +1,110 @@
+"""Agents' event batches stored in rounds: what waits for the database thread goes in one transaction, each
+watcher gets one frame per round, and a batch that fails loses only itself."""
+
+import asyncio
+import threading
+
+import pytest
+from asgiref.sync import async_to_sync, sync_to_async
+from channels.db import database_sync_to_async
+from channels.testing import WebsocketCommunicator
+
+from tests.webapp.test_sockets import HELLO, agent_socket, enrolled, running_job, say
+from webapp.accounts.models import ApiToken
+from webapp.agents.rounds import rounds
+from webapp.asgi import application
+from webapp.devices.models import Device
+from webapp.jobs.models import JobEvent
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def steps(job, k: int) -> dict:
+    """Device k's first batch: a step of its stage."""
+    step = {"type": "step", "device": f"tx2-{k}", "stage": k, "micro_batch": 0, "kind": "F", "start": 0.0,
+            "end": 0.1, "peer": "", "iteration": 0}  # fmt: skip
+    return {"type": "events", "events": [{"seq": 1, "job": job.pk, "event": step}]}
+
+
+async def _held(gate: threading.Event) -> asyncio.Future:
+    """Hold the database thread until `gate` is set."""
+    held = asyncio.ensure_future(database_sync_to_async(gate.wait)(20))
+    await asyncio.sleep(0.1)
+    return held
+
+
+async def _until_waiting(count: int) -> None:
+    for _ in range(200):
+        if len(rounds().waiting) >= count:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{len(rounds().waiting)} batches waiting, not {count}")
+
+
+def test_batches_waiting_together_are_stored_in_one_round_and_relayed_as_one_frame(bob):
+    devices = [enrolled(f"tx2-{k}") for k in range(3)]
+    job = running_job(bob, [d for d, _ in devices])
+
+    async def run():
+        _, watch_token = await sync_to_async(ApiToken.issue)(bob)
+        browser = WebsocketCommunicator(application, f"/ws/jobs/{job.pk}/",
+                                        headers=[(b"authorization", f"Bearer {watch_token}".encode())])  # fmt: skip
+        assert (await browser.connect())[0]
+        assert (await browser.receive_json_from(5))["type"] == "snapshot"
+        agents = []
+        for k, (_, credential) in enumerate(devices):
+            ws = agent_socket(credential)
+            assert (await ws.connect())[0]
+            assert (await say(ws, {**HELLO, "session": f"s{k}"}))["type"] == "welcome"
+            agents.append(ws)
+        gate = threading.Event()
+        held = await _held(gate)
+        for k, ws in enumerate(agents):
+            await ws.send_json_to(steps(job, k))
+        await _until_waiting(3)
+        gate.set()
+        await held
+        for ws in agents:
+            assert await ws.receive_json_from(5) == {"type": "ack", "seq": 1}
+        frame = await browser.receive_json_from(5)
+        assert frame["type"] == "batch"  # the round's three batches, one frame
+        assert sorted(m["steps"][0]["device"] for m in frame["messages"]) == ["tx2-0", "tx2-1", "tx2-2"]
+        assert await browser.receive_nothing(0.3)
+        for ws in [*agents, browser]:
+            await ws.disconnect()
+
+    async_to_sync(run)()
+    assert sorted(JobEvent.objects.filter(job=job, type="step").values_list("device", flat=True)) == [
+        "tx2-0", "tx2-1", "tx2-2"
+    ]  # fmt: skip
+    assert sorted(Device.objects.values_list("last_seq", flat=True)) == [1, 1, 1]
+
+
+def test_a_batch_that_fails_in_a_round_loses_only_itself(bob):
+    (kept, kept_credential), (gone, gone_credential) = enrolled("tx2-0"), enrolled("tx2-1")
+    job = running_job(bob, [kept, gone])
+
+    async def run():
+        agents = []
+        for k, credential in enumerate((kept_credential, gone_credential)):
+            ws = agent_socket(credential)
+            assert (await ws.connect())[0]
+            assert (await say(ws, {**HELLO, "session": f"s{k}"}))["type"] == "welcome"
+            agents.append(ws)
+        gate = threading.Event()
+        held = await _held(gate)
+        for k, ws in enumerate(agents):
+            await ws.send_json_to(steps(job, k))
+        await _until_waiting(2)
+        # staff delete the second board while its batch waits: storing it fails, the round goes on
+        await database_sync_to_async(Device.objects.filter(pk=gone.pk).delete, thread_sensitive=False)()
+        gate.set()
+        await held
+        assert await agents[0].receive_json_from(5) == {"type": "ack", "seq": 1}
+        closed = await agents[1].receive_output(5)
+        assert closed == {"type": "websocket.close", "code": 1011}  # not acknowledged: the agent sends it again
+        await agents[0].disconnect()
+
+    async_to_sync(run)()
+    assert list(JobEvent.objects.filter(job=job, type="step").values_list("device", flat=True)) == ["tx2-0"]
+    assert Device.objects.get(pk=kept.pk).last_seq == 1

@@ -1,0 +1,96 @@
+"""Agents' event batches stored in rounds: every batch waiting in this process goes to the database in one
+transaction (webapp.jobs.ingest.record_round), and its watchers' frames are sent from the event loop.
+
+Storing each socket's batch on its own cost a transaction and, per job it touched, a hop from the database
+thread back to the event loop to send its watchers a frame; with hundreds of agents streaming, those hops and
+commits kept daphne's one database thread busy, and every agent's `hello`, `accepted` and heartbeat waited
+behind them. A round takes every batch that came in by the time that thread is free for it (at most `ROUND`, so
+the thread's other work waits for one round at most), acknowledges each once the round is committed, and sends
+each job's watchers one frame for the round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+from collections import deque
+
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+
+from webapp.devices.models import Device
+from webapp.jobs.ingest import record_round
+
+log = logging.getLogger(__name__)
+
+ROUND = 64  # batches stored per transaction at most
+
+
+class Rounds:
+    """One event loop's queue of batches waiting to be stored, and the task that stores them, a round at a time."""
+
+    def __init__(self) -> None:
+        self.waiting: deque[tuple[Device, dict, asyncio.Future]] = deque()
+        self.task: asyncio.Task | None = None
+
+    async def record(self, device: Device, msg: dict) -> int:
+        """Store an agent's `events` message; returns the seq to acknowledge (raises what storing it raised)."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self.waiting.append((device, msg, future))
+        if self.task is None or self.task.done():
+            self.task = loop.create_task(self._run())
+        return await future
+
+    async def _run(self) -> None:
+        while self.waiting:
+            taken, results, frames = await _store_round(self.waiting)
+            for (_, _, future), result in zip(taken, results, strict=True):
+                if future.done():  # its socket closed meanwhile
+                    continue
+                if isinstance(result, Exception):
+                    future.set_exception(result)
+                else:
+                    future.set_result(result)
+            await _send(frames)
+
+
+@database_sync_to_async
+def _store_round(waiting: deque) -> tuple[list, list, list]:
+    """In the database thread: take what is waiting once that thread is free (all that came in meanwhile, up to
+    `ROUND` batches) and store it. Returns what it took, each batch's outcome, and the watchers' frames."""
+    taken = []
+    while waiting and len(taken) < ROUND:
+        item = waiting.popleft()  # (a deque: appended to by the event loop's thread meanwhile)
+        if not item[2].done():  # (a socket closed meanwhile: nobody to acknowledge)
+            taken.append(item)
+    try:
+        results, frames = record_round([(device, msg["events"], msg["last_seq"]) for device, msg, _ in taken])
+    except Exception as exc:  # the round did not commit: each agent is told by its socket's close, and resends
+        results, frames = [exc] * len(taken), []
+    return taken, results, frames
+
+
+async def _send(frames: list[tuple[str, dict]]) -> None:
+    layer = get_channel_layer()
+    if layer is None or not frames:
+        return
+    sent = await asyncio.gather(
+        *(layer.group_send(group, {"type": "job.message", "message": m}) for group, m in frames),
+        return_exceptions=True,
+    )
+    for (group, _), outcome in zip(frames, sent, strict=True):
+        if isinstance(outcome, Exception):  # stored and acknowledged: the page reads it back when it reconnects
+            log.warning("could not relay a round of events to %s: %s", group, outcome)
+
+
+_rounds: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Rounds] = weakref.WeakKeyDictionary()
+
+
+def rounds() -> Rounds:
+    """This event loop's rounds (daphne runs one loop; tests run several, one after another)."""
+    loop = asyncio.get_running_loop()
+    if loop not in _rounds:
+        _rounds[loop] = Rounds()
+    return _rounds[loop]
