@@ -108,3 +108,42 @@ def test_a_batch_that_fails_in_a_round_loses_only_itself(bob):
     async_to_sync(run)()
     assert list(JobEvent.objects.filter(job=job, type="step").values_list("device", flat=True)) == ["tx2-0"]
     assert Device.objects.get(pk=kept.pk).last_seq == 1
+
+
+def test_heartbeats_waiting_together_are_noted_in_one_round(bob):
+    (idle, idle_credential), (busy, busy_credential), (off, off_credential) = (enrolled(f"tx2-{k}") for k in range(3))
+    running_job(bob, [busy])
+
+    async def run():
+        agents = []
+        for k, credential in enumerate((idle_credential, busy_credential, off_credential)):
+            ws = agent_socket(credential)
+            assert (await ws.connect())[0]
+            assert (await say(ws, {**HELLO, "session": f"s{k}"}))["type"] == "welcome"
+            agents.append(ws)
+        # the health check took the first two for offline; staff disabled the third
+        await database_sync_to_async(
+            lambda: (
+                Device.objects.filter(pk__in=[idle.pk, busy.pk]).update(status="offline", last_heartbeat=None),
+                Device.objects.filter(pk=off.pk).update(status="disabled", last_heartbeat=None),
+            )
+        )()
+        gate = threading.Event()
+        held = await _held(gate)
+        for ws in agents:
+            await ws.send_json_to({"type": "heartbeat", "state": "idle", "job": None, "pending": 0})
+        await _until_waiting(3)
+        gate.set()
+        await held
+        for ws in agents:  # answered in order: the probe's reply comes once the heartbeat is noted
+            assert (await say(ws, {"type": "events", "events": []}))["type"] == "error"
+        noted = await database_sync_to_async(
+            lambda: list(Device.objects.values_list("name", "status", "last_heartbeat"))
+        )()
+        for ws in agents:
+            await ws.disconnect()
+        return noted
+
+    noted = async_to_sync(run)()
+    assert {name: status for name, status, _ in noted} == {"tx2-0": "online", "tx2-1": "busy", "tx2-2": "disabled"}
+    assert all(at is not None for _, _, at in noted)

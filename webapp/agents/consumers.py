@@ -80,18 +80,6 @@ def _hello(device: Device, msg: dict) -> list[dict]:
 
 
 @database_sync_to_async
-def _heartbeat(device: Device, msg: dict) -> None:
-    device.refresh_from_db(fields=["status", "job"])
-    if msg.get("pending") == 0:  # every event it sent is applied: what it runs now is the whole truth
-        reconcile(device, msg.get("job") if msg["state"] == "busy" else None, restarted=False)
-        device.refresh_from_db(fields=["status", "job"])
-    fields = {"last_heartbeat": timezone.now()}
-    if device.status == Device.Status.OFFLINE:  # disabled and failed devices stay so until staff enable them
-        fields["status"] = Device.Status.BUSY if device.job_id else Device.Status.ONLINE
-    Device.objects.filter(pk=device.pk).update(**fields)
-
-
-@database_sync_to_async
 def _accepted(device: Device, msg: dict) -> None:
     accepted(device, msg["job"])
 
@@ -171,7 +159,7 @@ class AgentConsumer(DirectDispatch, AsyncWebsocketConsumer):
                     for reply in await _hello(self.device, msg):
                         await self.send_json(reply)
                 elif msg["type"] == "heartbeat":
-                    await _heartbeat(self.device, msg)
+                    await rounds().record(self.device, msg)
                 elif msg["type"] == "accepted":
                     await _accepted(self.device, msg)
                 elif msg["type"] == "events":

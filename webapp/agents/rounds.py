@@ -1,12 +1,13 @@
-"""Agents' event batches stored in rounds: every batch waiting in this process goes to the database in one
-transaction (webapp.jobs.ingest.record_round), and its watchers' frames are sent from the event loop.
+"""Agents' event batches and heartbeats stored in rounds: every batch waiting in this process goes to the
+database in one transaction (webapp.jobs.ingest.record_round), every heartbeat in one statement
+(webapp.devices.liveness.store_heard), and the watchers' frames are sent from the event loop.
 
 Storing each socket's batch on its own cost a transaction and, per job it touched, a hop from the database
-thread back to the event loop to send its watchers a frame; with hundreds of agents streaming, those hops and
-commits kept daphne's one database thread busy, and every agent's `hello`, `accepted` and heartbeat waited
-behind them. A round takes every batch that came in by the time that thread is free for it (at most `ROUND`, so
-the thread's other work waits for one round at most), acknowledges each once the round is committed, and sends
-each job's watchers one frame for the round.
+thread back to the event loop to send its watchers a frame; each heartbeat cost a read and a write. With
+hundreds of agents streaming, that kept daphne's one database thread busy, and every agent's `hello` and
+`accepted` waited behind it. A round takes what came in by the time that thread is free for it (at most `ROUND`
+batches, so the thread's other work waits for one round at most), answers each message once the round is
+committed, and sends each job's watchers one frame for the round.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections import deque
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 
+from webapp.devices.liveness import store_heard
 from webapp.devices.models import Device
 from webapp.jobs.ingest import record_round
 
@@ -28,14 +30,16 @@ ROUND = 64  # batches stored per transaction at most
 
 
 class Rounds:
-    """One event loop's queue of batches waiting to be stored, and the task that stores them, a round at a time."""
+    """One event loop's queue of agents' messages waiting for the database (`events` and `heartbeat`), and the
+    task that stores them, a round at a time."""
 
     def __init__(self) -> None:
         self.waiting: deque[tuple[Device, dict, asyncio.Future]] = deque()
         self.task: asyncio.Task | None = None
 
-    async def record(self, device: Device, msg: dict) -> int:
-        """Store an agent's `events` message; returns the seq to acknowledge (raises what storing it raised)."""
+    async def record(self, device: Device, msg: dict) -> int | None:
+        """Store an agent's `events` message (returns the seq to acknowledge) or note its `heartbeat` (returns
+        None) in the next round; raises what storing it raised."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         self.waiting.append((device, msg, future))
@@ -59,17 +63,27 @@ class Rounds:
 @database_sync_to_async
 def _store_round(waiting: deque) -> tuple[list, list, list]:
     """In the database thread: take what is waiting once that thread is free (all that came in meanwhile, up to
-    `ROUND` batches) and store it. Returns what it took, each batch's outcome, and the watchers' frames."""
-    taken = []
+    `ROUND` batches, and the heartbeats among them, noted in one statement) and store it. Returns what it took,
+    each message's outcome, and the watchers' frames."""
+    beats, taken = [], []
     while waiting and len(taken) < ROUND:
         item = waiting.popleft()  # (a deque: appended to by the event loop's thread meanwhile)
-        if not item[2].done():  # (a socket closed meanwhile: nobody to acknowledge)
+        if item[1]["type"] == "heartbeat":
+            beats.append(item)
+        elif not item[2].done():  # (a socket closed meanwhile: nobody to acknowledge)
             taken.append(item)
     try:
-        results, frames = record_round([(device, msg["events"], msg["last_seq"]) for device, msg, _ in taken])
+        store_heard([device.pk for device, _, _ in beats])
+        noted = [None] * len(beats)
+    except Exception as exc:
+        noted = [exc] * len(beats)
+    results, frames = [], []
+    try:
+        if taken:
+            results, frames = record_round([(device, msg["events"], msg["last_seq"]) for device, msg, _ in taken])
     except Exception as exc:  # the round did not commit: each agent is told by its socket's close, and resends
         results, frames = [exc] * len(taken), []
-    return taken, results, frames
+    return beats + taken, noted + results, frames
 
 
 async def _send(frames: list[tuple[str, dict]]) -> None:

@@ -2,6 +2,7 @@
 
     await heard(device_id)          # the agent socket (webapp.agents.consumers), in its event loop
     last_heard([1, 2, 3])           # the health check: {device id: unix time}, for those heard at all
+    store_heard([1, 2, 3])          # the database's `last_heartbeat`, in rounds (webapp.agents.rounds)
 
 The database's `Device.last_heartbeat` is written by the site's database thread, which an overloaded site runs
 minutes behind; a board whose heartbeats wait in that queue is still alive. The health check takes a device for
@@ -18,6 +19,10 @@ import weakref
 import redis
 import redis.asyncio
 from django.conf import settings
+from django.db.models import Case, F, Value, When
+from django.utils import timezone
+
+from webapp.devices.models import Device
 
 _clients: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # event loop -> its async client
 
@@ -50,3 +55,17 @@ def last_heard(device_ids: list[int]) -> dict[int, float]:
     with redis.Redis.from_url(settings.REDIS_URL, socket_timeout=30) as client:
         values = client.hmget(_key(), [str(i) for i in device_ids])
     return {i: float(v) for i, v in zip(device_ids, values) if v is not None}
+
+
+def store_heard(device_ids: list[int]) -> None:
+    """The database's side of heartbeats heard now, for many devices in one statement: `last_heartbeat`, and an
+    offline device back (busy if it has a job; disabled and failed devices stay so until staff enable them)."""
+    offline = Device.Status.OFFLINE
+    Device.objects.filter(pk__in=device_ids).update(
+        last_heartbeat=timezone.now(),
+        status=Case(
+            When(status=offline, job__isnull=False, then=Value(Device.Status.BUSY)),
+            When(status=offline, then=Value(Device.Status.ONLINE)),
+            default=F("status"),
+        ),
+    )
