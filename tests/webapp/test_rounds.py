@@ -147,3 +147,37 @@ def test_heartbeats_waiting_together_are_noted_in_one_round(bob):
     noted = async_to_sync(run)()
     assert {name: status for name, status, _ in noted} == {"tx2-0": "online", "tx2-1": "busy", "tx2-2": "disabled"}
     assert all(at is not None for _, _, at in noted)
+
+
+def test_a_job_ended_by_one_batch_of_a_round_takes_no_more_iterations_from_the_next(bob):
+    (first, first_credential), (second, second_credential) = enrolled("tx2-0"), enrolled("tx2-1")
+    job = running_job(bob, [first, second])
+    error = {"type": "device-error", "device": "tx2-0", "iteration": 0, "message": "died (SIGKILL)", "cause": "own"}
+    iteration = {"type": "iteration", "iteration": 0, "loss": 2.3, "iteration_s": 0.08, "throughput": 100.0,
+                 "late_steps": 0, "steps": 2, "time": 0.08}  # fmt: skip
+
+    async def run():
+        agents = []
+        for k, credential in enumerate((first_credential, second_credential)):
+            ws = agent_socket(credential)
+            assert (await ws.connect())[0]
+            assert (await say(ws, {**HELLO, "session": f"s{k}"}))["type"] == "welcome"
+            agents.append(ws)
+        gate = threading.Event()
+        held = await _held(gate)
+        for ws, ev in zip(agents, (error, iteration)):
+            await ws.send_json_to({"type": "events", "events": [{"seq": 1, "job": job.pk, "event": ev}]})
+        await _until_waiting(2)
+        gate.set()
+        await held
+        for ws in agents:  # (the failed job's other device is told to cancel it too)
+            replies = []
+            while not await ws.receive_nothing(0.5):
+                replies.append(await ws.receive_json_from(5))
+            assert replies[-1] == {"type": "ack", "seq": 1}
+            await ws.disconnect()
+
+    async_to_sync(run)()
+    job.refresh_from_db()
+    assert job.status == "failed"
+    assert not JobEvent.objects.filter(job=job, type="iteration").exists()  # the job had ended when it came

@@ -29,42 +29,73 @@ def record_events(device: Device, items: list[dict], through: int | None = None)
     highest seq now stored (what to acknowledge). `through`: the batch's highest seq, counting events that were
     rejected as malformed (acknowledged, never stored)."""
     with held(), transaction.atomic():
-        top, streamed = _store(device, items, through)
+        before = device.last_seq
+        top, streamed = _store(device, items, through, _rows([device], items))
+        if top != before:
+            Device.objects.filter(pk=device.pk).update(last_seq=top)
     eventstream.publish(streamed)  # after the commit (the coordinator reads what the database has)
     return top
+
+
+# Events after which a batch's rows (its device's state in the job, the job's status) may have changed for the
+# next batch of the same round: read again.
+_ROWS_KEPT = ("step", "iteration")
 
 
 def record_round(batches: list[tuple[Device, list[dict], int | None]]) -> tuple[list, list[tuple[str, dict]]]:
     """Several agents' batches, each (device, items, through) as `record_events` takes them, stored in one
     transaction, each in a savepoint of its own (a batch that fails loses only itself), then streamed to the
-    coordinators. Returns each batch's acknowledgement (or the exception it failed with) and the frames for the
-    jobs' watchers, (group, message), one per job: the caller sends them."""
+    coordinators. The devices' sequence numbers and their rows in the jobs are read once for the round. Returns
+    each batch's acknowledgement (or the exception it failed with) and the frames for the jobs' watchers,
+    (group, message), one per job: the caller sends them."""
     results, streamed, frames = [], [], []
     with held(frames), transaction.atomic():
+        devices = {d.pk: d for d, _, _ in batches}
+        seqs = {pk: (seq, session) for pk, seq, session in
+                Device.objects.filter(pk__in=devices).values_list("pk", "last_seq", "session")}  # fmt: skip
+        everything = [it for _, items, _ in batches for it in items]
+        rows = _rows(devices.values(), everything)
+        moved = {}
         for device, items, through in batches:
             try:
                 with savepoint():
-                    device.refresh_from_db(fields=["last_seq", "session"])
-                    top, more = _store(device, items, through)
+                    if device.pk not in seqs:
+                        raise Device.DoesNotExist(f"device {device.name} was removed")
+                    device.last_seq, device.session = seqs[device.pk]
+                    top, more = _store(device, items, through, rows)
             except Exception as exc:  # the agent is told by its socket's close, and sends the batch again
                 results.append(exc)
                 continue
+            if top != seqs[device.pk][0]:
+                seqs[device.pk], moved[device.pk] = (top, device.session), top
+            if any(it["event"]["type"] not in _ROWS_KEPT for it in items):
+                rows = _rows(devices.values(), everything)
             results.append(top)
             streamed += more
+        Device.objects.bulk_update([Device(pk=pk, last_seq=seq) for pk, seq in moved.items()], ["last_seq"])
     eventstream.publish(streamed)
     return results, frames
 
 
-def _store(device: Device, items: list[dict], through: int | None) -> tuple[int, list]:
-    """One batch, inside the caller's transaction and `held()` block: the seq to acknowledge, and the stream's
-    entries for the coordinators."""
-    top = max([it["seq"] for it in items] + [through or 0])
+def _rows(devices, items: list[dict]) -> dict[int, dict[int, JobDevice]]:
+    """The devices' rows in the jobs the items name, by device id and job id, with each job's status."""
     rows = (
-        JobDevice.objects.filter(device=device, job_id__in={it["job"] for it in items})
+        JobDevice.objects.filter(device__in=[d.pk for d in devices], job_id__in={it["job"] for it in items})
         .select_related("job")
         .only("name", "state", "device_id", "job__status", "job__iterations")  # not the job's plans: large, per batch
     )
-    jobs = {r.job_id: r for r in rows}
+    out: dict[int, dict[int, JobDevice]] = {}
+    for r in rows:
+        out.setdefault(r.device_id, {})[r.job_id] = r
+    return out
+
+
+def _store(device: Device, items: list[dict], through: int | None, rows: dict) -> tuple[int, list]:
+    """One batch, inside the caller's transaction and `held()` block, its device's rows in `rows` (from
+    `_rows`): the seq to acknowledge (the caller stores it as the device's `last_seq`), and the stream's entries
+    for the coordinators."""
+    top = max([it["seq"] for it in items] + [through or 0])
+    jobs = rows.get(device.pk, {})
     stored, streamed, steps = [], [], {}
     for it in items:
         ev, row = it["event"], jobs.get(it["job"])
@@ -92,7 +123,6 @@ def _store(device: Device, items: list[dict], through: int | None) -> tuple[int,
     if top > device.last_seq:
         # A stored event is an applied one: both happen, or neither; watchers hear of them once they have.
         JobEvent.objects.bulk_create(stored)
-        Device.objects.filter(pk=device.pk).update(last_seq=top)
         for job_id, batch in steps.items():
             notify(job_id, {"type": "steps", "steps": batch})
         # the job's progress moves once per batch: to its last iteration (a fast job's agent sends dozens)
