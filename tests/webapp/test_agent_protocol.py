@@ -361,3 +361,25 @@ def test_an_agent_is_let_in_and_heard_while_the_database_thread_is_busy():
         await ws.disconnect()
 
     async_to_sync(run)()
+
+
+def test_the_sites_messages_to_an_agent_wait_for_its_welcome():
+    """A coordinator's message to a board that has just connected and not yet been welcomed (its hello waits
+    for the database) is held, then sent after the welcome: an agent skips anything before its welcome."""
+    from channels.layers import get_channel_layer
+
+    from webapp.devices.agents import agent_group
+
+    device, credential = enrolled()
+    start = {"type": "start", "job": 7, "generation": 0}
+
+    async def run():
+        ws = agent_socket(credential)
+        assert (await ws.connect())[0]
+        await get_channel_layer().group_send(agent_group(device.pk), {"type": "agent.message", "message": start})
+        await ws.send_json_to(HELLO)
+        assert (await ws.receive_json_from(5))["type"] == "welcome"
+        assert await ws.receive_json_from(5) == start
+        await ws.disconnect()
+
+    async_to_sync(run)()

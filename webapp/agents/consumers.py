@@ -113,6 +113,7 @@ class AgentConsumer(DirectDispatch, AsyncWebsocketConsumer):
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
         self.welcomed = False
+        self.early: list[dict] | None = []  # the site's messages to the agent before its welcome went out
         # Events past the agent's share wait their turn: its acks slow down and its outbox holds the rest.
         self.pace = Pace(settings.ASTEROID_AGENT_EVENTS_PER_S, 2 * settings.ASTEROID_AGENT_EVENTS_PER_S)
         self.inbox: asyncio.Queue = asyncio.Queue(maxsize=INBOX)
@@ -158,6 +159,9 @@ class AgentConsumer(DirectDispatch, AsyncWebsocketConsumer):
                     await database_sync_to_async(cache.set)(_connection_key(self.device), self.channel_name, None)
                     for reply in await _hello(self.device, msg):
                         await self.send_json(reply)
+                    early, self.early = self.early or [], None
+                    for message in early:  # a coordinator's `start`, say, sent while the hello waited its turn
+                        await self.send_json(message)
                 elif msg["type"] == "heartbeat":
                     await rounds().record(self.device, msg)
                 elif msg["type"] == "accepted":
@@ -178,8 +182,12 @@ class AgentConsumer(DirectDispatch, AsyncWebsocketConsumer):
         await self.send(text_data=json.dumps(message))
 
     async def agent_message(self, event):
-        """A message from the site (webapp.devices.agents.tell_agent) to this agent."""
-        await self.send_json(event["message"])
+        """A message from the site (webapp.devices.agents.tell_agent) to this agent: after its welcome, which an
+        agent waits for first (it skips anything before it), so one that comes earlier is held until then."""
+        if self.early is not None:
+            self.early.append(event["message"])
+        else:
+            await self.send_json(event["message"])
 
     async def agent_revoked(self, event):
         await self.close(code=REFUSED)
