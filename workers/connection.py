@@ -209,7 +209,7 @@ class Connection:
         headers = {"Authorization": f"Bearer {self.credential}"}
         async with connect(self.site.socket_url, additional_headers=headers, open_timeout=WELCOME_TIMEOUT_S) as ws:
             await ws.send(json.dumps(await self.hello()))
-            welcome = await self._welcome(ws)
+            welcome, early = await self._welcome(ws)
             self.device = welcome.get("device")
             self.runner.device = self.device or ""
             self.outbox.ack(_int(welcome.get("last_seq")))
@@ -221,7 +221,7 @@ class Connection:
             self.connected.set()
             log.info("connected to %s as %s (%d events to resend)", self.site.url, self.device, len(self.outbox))
             tasks = [
-                asyncio.create_task(self._receive(ws)),
+                asyncio.create_task(self._receive(ws, early)),
                 asyncio.create_task(self._send_events(ws)),
                 asyncio.create_task(self._heartbeats(ws, every or DEFAULT_HEARTBEAT_S)),
                 asyncio.create_task(self._clock_probes(ws)),
@@ -239,14 +239,18 @@ class Connection:
             for task in done:
                 task.result()  # the exception that ended the session (ConnectionClosed, mostly)
 
-    async def _welcome(self, ws: ClientConnection) -> dict:
-        """The site's reply to hello (anything else before it is logged and skipped)."""
+    async def _welcome(self, ws: ClientConnection) -> tuple[dict, list[tuple[dict, float]]]:
+        """The site's reply to hello, and what came before it (a site that sends a coordinator's `start` ahead of
+        the welcome): kept, with when it came, and handled once connected."""
+        early = []
         async with asyncio.timeout(WELCOME_TIMEOUT_S):
             while True:
-                msg = _parse(await ws.recv())
+                raw = await ws.recv()
+                received, msg = time.monotonic(), _parse(raw)
                 if msg.get("type") == "welcome":
-                    return msg
-                log.warning("expected welcome from the site, got %s", _describe(msg))
+                    return msg, early
+                log.info("the site sent %s before its welcome; handled after it", _describe(msg))
+                early.append((msg, received))
 
     async def _goodbye(self, ws: ClientConnection) -> None:
         """Stopping: end any run (its `job-stopped` event included) and send what is left, briefly."""
@@ -258,40 +262,45 @@ class Connection:
         except (TimeoutError, ConnectionClosed):
             pass
 
-    async def _receive(self, ws: ClientConnection) -> None:
+    async def _receive(self, ws: ClientConnection, early: list[tuple[dict, float]]) -> None:
+        for msg, received in early:
+            await self._handle(ws, msg, received)
         async for raw in ws:
             received = time.monotonic()  # a `clock` reply's t3
-            msg = _parse(raw)
-            kind = msg.get("type")
-            if kind == "clock":
-                self._clock_reply(msg, received)
-            elif kind == "ack":
-                self.outbox.ack(_int(msg.get("seq")))
-                self._acked.note(_int(msg.get("seq")))
-            elif kind == "assign":
-                await self._assign(ws, msg)
-            elif kind == "start":
-                try:
-                    self.runner.start(msg)
-                except UserError as exc:
-                    log.warning("cannot start job %s: %s", msg.get("job"), exc)
-                    # a coordinator's start refused is a device it cannot have (job-stopped), not a failed job
-                    self.runner.refuse(msg.get("job"), str(exc), own=msg.get("coordinated") is not True)
-            elif kind == "cancel":
-                self.runner.cancel(msg.get("job"))
-            elif kind == "kill":
-                try:
-                    self.runner.kill(msg.get("job"))
-                except UserError as exc:
-                    log.warning("cannot kill: %s", exc)
-            elif kind == "error" and "unknown message type 'clock'" in str(msg.get("message")):
-                if not self._clock_unanswered:
-                    log.info("the site does not answer clock probes; device times stay in this host's clock")
-                self._clock_unanswered = True
-            elif kind == "error":
-                log.warning("the site rejected a message: %s", msg.get("message"))
-            else:
-                log.warning("ignoring %s", _describe(msg))
+            await self._handle(ws, _parse(raw), received)
+
+    async def _handle(self, ws: ClientConnection, msg: dict, received: float) -> None:
+        """One message from the site (`received`: when it came, in this host's monotonic clock)."""
+        kind = msg.get("type")
+        if kind == "clock":
+            self._clock_reply(msg, received)
+        elif kind == "ack":
+            self.outbox.ack(_int(msg.get("seq")))
+            self._acked.note(_int(msg.get("seq")))
+        elif kind == "assign":
+            await self._assign(ws, msg)
+        elif kind == "start":
+            try:
+                self.runner.start(msg)
+            except UserError as exc:
+                log.warning("cannot start job %s: %s", msg.get("job"), exc)
+                # a coordinator's start refused is a device it cannot have (job-stopped), not a failed job
+                self.runner.refuse(msg.get("job"), str(exc), own=msg.get("coordinated") is not True)
+        elif kind == "cancel":
+            self.runner.cancel(msg.get("job"))
+        elif kind == "kill":
+            try:
+                self.runner.kill(msg.get("job"))
+            except UserError as exc:
+                log.warning("cannot kill: %s", exc)
+        elif kind == "error" and "unknown message type 'clock'" in str(msg.get("message")):
+            if not self._clock_unanswered:
+                log.info("the site does not answer clock probes; device times stay in this host's clock")
+            self._clock_unanswered = True
+        elif kind == "error":
+            log.warning("the site rejected a message: %s", msg.get("message"))
+        else:
+            log.warning("ignoring %s", _describe(msg))
 
     async def _assign(self, ws: ClientConnection, msg: dict) -> None:
         """Prepare the job off the loop (it may profile the model), then reply `accepted`; or refuse it."""

@@ -47,6 +47,7 @@ class FakeSite:
         self.dropped_at: float | None = None
         self.parts: dict[tuple[str, str], bytes] = {}  # (job, device) -> uploaded bytes
         self._drop: dict[str, str] = {}  # device -> event type whose message triggers the drop
+        self.early: dict[str, list[dict]] = {}  # device -> messages sent ahead of its next welcome (once)
         self._sockets: dict[str, object] = {}
         self._loop = asyncio.new_event_loop()
 
@@ -161,6 +162,8 @@ class FakeSite:
                     stored = self.stored.setdefault((device, session), [])
                     last = stored[-1]["seq"] if stored else 0
                 welcome = {"type": "welcome", "device": device, "id": 1, "last_seq": last}
+                for early in self.early.pop(device, []):  # as a site whose hello waits for its database may
+                    await ws.send(json.dumps(early))
                 await ws.send(json.dumps({**welcome, "heartbeat_s": self.heartbeat_s}))
             elif msg["type"] == "events":
                 if not await self._events(ws, device, session, msg["events"]):

@@ -279,6 +279,16 @@ def test_an_assignment_the_device_cannot_take_is_refused_with_a_reason(site, age
     assert site.messages("nano-1", "heartbeat")[-1][1]["state"] == "idle"
 
 
+def test_a_message_the_site_sends_before_the_welcome_is_handled_after_it():
+    job = next(jobs)
+    with FakeSite(DEVICES) as site:
+        plan = solo_plan("nano-1")
+        site.early["nano-1"] = [{"type": "assign", "job": job, "plan": plan.to_dict(), "rank": 3, "options": OPTIONS}]
+        with running(make_agent(site, "nano-1")):
+            (stopped,) = site.wait(lambda: site.events("nano-1", "job-stopped", job), 10, "job-stopped")
+    assert stopped["reason"] == "rejected"  # answered, not skipped
+
+
 def test_a_refused_credential_is_fatal(site):
     for credential, how in (("cred-revoked", "close code 4401"), ("cred-unknown", "HTTP 403")):
         agent = Agent(site.site, credential, capacity=capacity("nano-0"))
