@@ -5,14 +5,12 @@ import asyncio
 import threading
 
 import pytest
-from asgiref.sync import async_to_sync, sync_to_async
+from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 
-from tests.webapp.test_sockets import HELLO, agent_socket, enrolled, running_job, say
-from webapp.accounts.models import ApiToken
+from tests.webapp.test_sockets import HELLO, agent_socket, enrolled, running_job, say, watching
 from webapp.agents.rounds import rounds
-from webapp.asgi import application
 from webapp.devices.models import Device
 from webapp.jobs.models import JobEvent
 
@@ -26,19 +24,34 @@ def steps(job, k: int) -> dict:
     return {"type": "events", "events": [{"seq": 1, "job": job.pk, "event": step}]}
 
 
-async def _held(gate: threading.Event) -> asyncio.Future:
-    """Hold the database thread until `gate` is set."""
+async def _welcomed(credentials: list[str]) -> list[WebsocketCommunicator]:
+    """An agent socket for each credential, said hello and welcomed."""
+    agents = []
+    for k, credential in enumerate(credentials):
+        ws = agent_socket(credential)
+        assert (await ws.connect())[0]
+        assert (await say(ws, {**HELLO, "session": f"s{k}"}))["type"] == "welcome"
+        agents.append(ws)
+    return agents
+
+
+async def _together(agents: list, messages: list[dict], meanwhile=None) -> None:
+    """Each agent sends its message while the database thread is held, so that all wait for the same round, then
+    `meanwhile()` (if given) runs and the thread is let go."""
+    gate = threading.Event()
     held = asyncio.ensure_future(database_sync_to_async(gate.wait)(20))
     await asyncio.sleep(0.1)
-    return held
-
-
-async def _until_waiting(count: int) -> None:
+    for ws, msg in zip(agents, messages, strict=True):
+        await ws.send_json_to(msg)
     for _ in range(200):
-        if len(rounds().waiting) >= count:
-            return
+        if len(rounds().waiting) >= len(agents):
+            break
         await asyncio.sleep(0.02)
-    raise AssertionError(f"{len(rounds().waiting)} batches waiting, not {count}")
+    assert len(rounds().waiting) == len(agents)
+    if meanwhile is not None:
+        await meanwhile()
+    gate.set()
+    await held
 
 
 def test_batches_waiting_together_are_stored_in_one_round_and_relayed_as_one_frame(bob):
@@ -46,24 +59,10 @@ def test_batches_waiting_together_are_stored_in_one_round_and_relayed_as_one_fra
     job = running_job(bob, [d for d, _ in devices])
 
     async def run():
-        _, watch_token = await sync_to_async(ApiToken.issue)(bob)
-        browser = WebsocketCommunicator(application, f"/ws/jobs/{job.pk}/",
-                                        headers=[(b"authorization", f"Bearer {watch_token}".encode())])  # fmt: skip
-        assert (await browser.connect())[0]
+        browser = await watching(bob, job)
         assert (await browser.receive_json_from(5))["type"] == "snapshot"
-        agents = []
-        for k, (_, credential) in enumerate(devices):
-            ws = agent_socket(credential)
-            assert (await ws.connect())[0]
-            assert (await say(ws, {**HELLO, "session": f"s{k}"}))["type"] == "welcome"
-            agents.append(ws)
-        gate = threading.Event()
-        held = await _held(gate)
-        for k, ws in enumerate(agents):
-            await ws.send_json_to(steps(job, k))
-        await _until_waiting(3)
-        gate.set()
-        await held
+        agents = await _welcomed([credential for _, credential in devices])
+        await _together(agents, [steps(job, k) for k in range(3)])
         for ws in agents:
             assert await ws.receive_json_from(5) == {"type": "ack", "seq": 1}
         frame = await browser.receive_json_from(5)
@@ -85,21 +84,10 @@ def test_a_batch_that_fails_in_a_round_loses_only_itself(bob):
     job = running_job(bob, [kept, gone])
 
     async def run():
-        agents = []
-        for k, credential in enumerate((kept_credential, gone_credential)):
-            ws = agent_socket(credential)
-            assert (await ws.connect())[0]
-            assert (await say(ws, {**HELLO, "session": f"s{k}"}))["type"] == "welcome"
-            agents.append(ws)
-        gate = threading.Event()
-        held = await _held(gate)
-        for k, ws in enumerate(agents):
-            await ws.send_json_to(steps(job, k))
-        await _until_waiting(2)
+        agents = await _welcomed([kept_credential, gone_credential])
         # staff delete the second board while its batch waits: storing it fails, the round goes on
-        await database_sync_to_async(Device.objects.filter(pk=gone.pk).delete, thread_sensitive=False)()
-        gate.set()
-        await held
+        removed = database_sync_to_async(Device.objects.filter(pk=gone.pk).delete, thread_sensitive=False)
+        await _together(agents, [steps(job, 0), steps(job, 1)], meanwhile=removed)
         assert await agents[0].receive_json_from(5) == {"type": "ack", "seq": 1}
         closed = await agents[1].receive_output(5)
         assert closed == {"type": "websocket.close", "code": 1011}  # not acknowledged: the agent sends it again
@@ -115,12 +103,7 @@ def test_heartbeats_waiting_together_are_noted_in_one_round(bob):
     running_job(bob, [busy])
 
     async def run():
-        agents = []
-        for k, credential in enumerate((idle_credential, busy_credential, off_credential)):
-            ws = agent_socket(credential)
-            assert (await ws.connect())[0]
-            assert (await say(ws, {**HELLO, "session": f"s{k}"}))["type"] == "welcome"
-            agents.append(ws)
+        agents = await _welcomed([idle_credential, busy_credential, off_credential])
         # the health check took the first two for offline; staff disabled the third
         await database_sync_to_async(
             lambda: (
@@ -128,13 +111,8 @@ def test_heartbeats_waiting_together_are_noted_in_one_round(bob):
                 Device.objects.filter(pk=off.pk).update(status="disabled", last_heartbeat=None),
             )
         )()
-        gate = threading.Event()
-        held = await _held(gate)
-        for ws in agents:
-            await ws.send_json_to({"type": "heartbeat", "state": "idle", "job": None, "pending": 0})
-        await _until_waiting(3)
-        gate.set()
-        await held
+        beat = {"type": "heartbeat", "state": "idle", "job": None, "pending": 0}
+        await _together(agents, [beat] * 3)
         for ws in agents:  # answered in order: the probe's reply comes once the heartbeat is noted
             assert (await say(ws, {"type": "events", "events": []}))["type"] == "error"
         noted = await database_sync_to_async(
@@ -157,19 +135,9 @@ def test_a_job_ended_by_one_batch_of_a_round_takes_no_more_iterations_from_the_n
                  "late_steps": 0, "steps": 2, "time": 0.08}  # fmt: skip
 
     async def run():
-        agents = []
-        for k, credential in enumerate((first_credential, second_credential)):
-            ws = agent_socket(credential)
-            assert (await ws.connect())[0]
-            assert (await say(ws, {**HELLO, "session": f"s{k}"}))["type"] == "welcome"
-            agents.append(ws)
-        gate = threading.Event()
-        held = await _held(gate)
-        for ws, ev in zip(agents, (error, iteration)):
-            await ws.send_json_to({"type": "events", "events": [{"seq": 1, "job": job.pk, "event": ev}]})
-        await _until_waiting(2)
-        gate.set()
-        await held
+        agents = await _welcomed([first_credential, second_credential])
+        batches = [{"type": "events", "events": [{"seq": 1, "job": job.pk, "event": ev}]} for ev in (error, iteration)]
+        await _together(agents, batches)
         for ws in agents:  # (the failed job's other device is told to cancel it too)
             replies = []
             while not await ws.receive_nothing(0.5):

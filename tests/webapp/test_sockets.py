@@ -44,6 +44,16 @@ def running_job(owner, devices: list[Device]) -> Job:
     return job
 
 
+async def watching(user, job: Job) -> WebsocketCommunicator:
+    """`user`'s browser socket on the job's page, connected (its first message, the snapshot, unread)."""
+    _, token = await sync_to_async(ApiToken.issue)(user)
+    browser = WebsocketCommunicator(
+        application, f"/ws/jobs/{job.pk}/", headers=[(b"authorization", f"Bearer {token}".encode())]
+    )
+    assert (await browser.connect())[0]
+    return browser
+
+
 async def say(ws, msg) -> dict:
     await ws.send_to(text_data=json.dumps(msg))
     return await ws.receive_json_from(timeout=5)
@@ -100,10 +110,7 @@ def test_events_are_stored_once_relayed_and_acknowledged(bob):
                  "late_steps": 0, "steps": 2, "time": 0.08}  # fmt: skip
 
     async def run():
-        _, watch_token = await sync_to_async(ApiToken.issue)(bob)
-        browser = WebsocketCommunicator(application, f"/ws/jobs/{job.pk}/",
-                                        headers=[(b"authorization", f"Bearer {watch_token}".encode())])  # fmt: skip
-        assert (await browser.connect())[0]
+        browser = await watching(bob, job)
         assert (await browser.receive_json_from(5))["type"] == "snapshot"
         ws = agent_socket(credential)
         assert (await ws.connect())[0]
@@ -313,10 +320,7 @@ def test_held_out_scores_are_stored_relayed_and_in_the_jobs_json(bob, client):
     last = {**again, "iteration": 1, "loss": 1.5, "accuracy": 0.5}
 
     async def run():
-        _, watch_token = await sync_to_async(ApiToken.issue)(bob)
-        browser = WebsocketCommunicator(application, f"/ws/jobs/{job.pk}/",
-                                        headers=[(b"authorization", f"Bearer {watch_token}".encode())])  # fmt: skip
-        assert (await browser.connect())[0]
+        browser = await watching(bob, job)
         assert (await browser.receive_json_from(5))["job"]["eval"] == []
         ws = agent_socket(credential)
         assert (await ws.connect())[0]
