@@ -6,16 +6,18 @@ schedule (engine.schedule: 1F1B, or a zero-bubble one whose B is the input gradi
 gradient, run later) in order on its own slice of every micro-batch. A forward waits for every input slice
 from the previous stage, a backward for every gradient slice from the next; after a step the device sends
 each neighbour exactly the intersection of their two sample ranges. Sends do not hold the device up (as in
-the runtime): they queue on its outgoing link, one at a time, while it computes on. After its last step
-(backward or W), and once its link is done, a stage all-reduces its gradients. An iteration that ends at a
-replication point (`replicate`) then has each stage's first device copy its layers to its neighbour and to
-the coordinator, as the runtime does once every device has committed the iteration.
+the runtime): they queue on its outgoing link, one at a time, while it computes on. A stage all-reduces its
+gradients in buckets (engine.buckets) as its devices' last gradient step (backward or W) makes them final,
+once their links are done with the sends. An iteration that ends at a replication point (`replicate`) then has
+each stage's first device copy its layers to its neighbour and to the coordinator, as the runtime does once
+every device has committed the iteration.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.buckets import finish
 from engine.costmodel import Workload, link_s, replica_bytes, score
 from engine.events import StepEvent
 from engine.plan import Plan
@@ -76,6 +78,8 @@ def simulate(plan: Plan, w: Workload, replicate: bool = False, timeline: bool = 
     link = {name: 0.0 for name in info}  # when each device's outgoing link is free
     position = {name: 0 for name in info}
     own_forward_end: dict[tuple[str, int], float] = {}
+    last_kind = "W" if split else "B"  # the step that makes the gradients final, as it passes their layers
+    last_grad: dict[str, tuple[float, float]] = {}  # device -> its last such step (start, end)
     events: list[StepEvent] = []
     busy = 0.0
     remaining = sum(len(schedule[d["stage"]]) for d in info.values())
@@ -97,13 +101,15 @@ def simulate(plan: Plan, w: Workload, replicate: bool = False, timeline: bool = 
                     events.append(StepEvent(name, d["stage"], act.micro_batch, act.kind, start, end))
                 if act.kind == "F":
                     own_forward_end[(name, act.micro_batch)] = end
+                elif act.kind == last_kind:
+                    last_grad[name] = (start, end)
                 t = max(end, link[name])
                 for peer, dur in d["send_" + act.kind]:
                     if timeline:
                         events.append(StepEvent(name, d["stage"], act.micro_batch, "send", t, t + dur, peer))
                     t += dur
                     arrivals.setdefault((peer, act.kind, act.micro_batch), []).append(t)
-                link[name] = t
+                    link[name] = t  # (busy with sends only: the all-reduce may start before a step ends)
                 busy += end - start
                 clock[name] = end
                 position[name] += 1
@@ -113,14 +119,16 @@ def simulate(plan: Plan, w: Workload, replicate: bool = False, timeline: bool = 
             raise RuntimeError("simulator deadlock: the schedule's dependencies cannot be met")
     for s, st in enumerate(plan.stages):
         names = [x.name for x in st.devices]
-        ar = steps[names[0]].allreduce_s
+        buckets = steps[names[0]].buckets
         for n in names:
             clock[n] = max(clock[n], link[n])
-        if ar > 0:
-            start = max(clock[n] for n in names)
+        if buckets:  # each bucket once every device has it, after the sends (engine.buckets)
+            free = max(link[n] for n in names)
+            ready = [max(a + b.ready * (e - a) for a, e in (last_grad[n] for n in names)) for b in buckets]
+            end = finish(free, ready, [b.seconds for b in buckets])
             for n in names:
-                events.append(StepEvent(n, s, -1, "all-reduce", start, start + ar))
-                clock[n] = start + ar
+                events.append(StepEvent(n, s, -1, "all-reduce", max(free, ready[0]), end))
+                clock[n] = max(clock[n], end)
     total = max(clock.values())
     if replicate:  # after the commit each stage's first device copies its layers to the neighbour and coordinator
         copies = 2 if S > 1 else 1

@@ -7,8 +7,9 @@ gradients of that intersection back.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from engine.buckets import Bucket, stage_buckets
 from engine.costmodel import Workload, allreduce_s, link_s
 from engine.devices import LAYER_OVERHEAD_S
 from engine.plan import OFF, Plan, Stage, gradient_bits
@@ -43,6 +44,8 @@ class DeviceSteps:
     recv_forward: tuple[Transfer, ...]  # activation slices from the previous stage, before each F
     recv_backward: tuple[Transfer, ...]  # gradient slices from the next stage, before each B
     allreduce_s: float  # the stage's gradient all-reduce, once per iteration (0 for a one-device stage)
+    # ... in buckets during the device's last gradient step (engine.buckets; none for a one-device stage)
+    buckets: tuple[Bucket, ...] = ()
 
     @property
     def samples(self) -> int:
@@ -102,6 +105,14 @@ def device_steps(plan: Plan, w: Workload) -> dict[str, DeviceSteps]:
                 recv_backward=moves(name, lo, hi, s + 1, a_out * gradient_bits(b_out) / OFF),
                 allreduce_s=reduce,
             )
+        # the last gradient step: the last micro-batch's W under a zero-bubble schedule, else its backward
+        split = plan.schedule != "1f1b"
+        last = [(out[name].weight_s if split else out[name].backward_s, name) for name in names]
+        step_s, slowest = max(last)
+        buckets = stage_buckets(w, cluster, cluster.device(slowest), st.start, st.end, names, plan.allreduce,
+                                step_s, weights_only=split and s > 0)  # fmt: skip
+        for name in names:
+            out[name] = replace(out[name], buckets=buckets)
     return out
 
 

@@ -3,7 +3,8 @@
 The ideal is the sum of every device's own throughput with the whole model and no communication. Each cell plans
 with Asteroid and simulates one iteration (engine.simulator, which the measured runs of `bench reproduce` match
 within a few per cent), then splits all devices' time into the samples' own compute, per-layer launch overhead,
-stage all-reduces, devices the plan leaves out, and waiting (fill and drain, imbalance, links).
+stage all-reduces (their part after a device's last step), devices the plan leaves out, and waiting (fill and
+drain, imbalance, links).
 """
 
 from __future__ import annotations
@@ -44,13 +45,17 @@ def breakdown(w: Workload, cluster: Cluster, batch: int) -> Breakdown:
     from engine.bench.reproduce import _shape
 
     plan = make_plan("asteroid", Problem(w, cluster, batch))
-    total = simulate(plan, w).iteration_s * len(cluster.devices)  # every device's time, the idle ones too
+    sim = simulate(plan, w)
+    total = sim.iteration_s * len(cluster.devices)  # every device's time, the idle ones too
     compute = overhead = allreduce = 0.0
     for name, s in device_steps(plan, w).items():
         st = plan.stages[s.stage]
         compute += plan.micro_batches * s.samples * w.compute_s(cluster.device(name), st.start, st.end)
         overhead += plan.micro_batches * 2 * (st.end - st.start) * LAYER_OVERHEAD_S
-        allreduce += s.allreduce_s
+        # the all-reduce's part that runs after the device's last step (the rest is under its last backward)
+        mine = [e for e in sim.events if e.device == name]
+        steps_end = max(e.end for e in mine if e.kind in ("F", "B", "W"))
+        allreduce += max([e.end - steps_end for e in mine if e.kind == "all-reduce"] + [0.0])
     unused = 1 - len(plan.device_names) / len(cluster.devices)
     of_ideal = plan.batch_size / plan.predicted.simulated_s / ideal_throughput(w, cluster)
     return Breakdown(w.model, cluster.name, batch, _shape(plan), of_ideal, compute / total, overhead / total,

@@ -9,9 +9,16 @@ its B only keeps the output gradient, and its W runs the whole backward.
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Callable
+
 import torch
 from torch import nn
-from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+from torch.distributed.pipelining._backward import (
+    _get_grad_fn_or_grad_acc,
+    stage_backward_input,
+    stage_backward_weight,
+)
 
 from engine.runtime.emulation import now
 
@@ -35,14 +42,22 @@ class SplitBackward:
         self.pending[mb] = ("weights", groups)
         return dx
 
-    def weight_gradient(self, mb: int) -> None:
-        """W of micro-batch `mb`: its weight gradients, added to the parameters' `.grad`."""
+    def weight_gradient(self, mb: int, final: Callable[[list], None] | None = None) -> None:
+        """W of micro-batch `mb`: its weight gradients, added to the parameters' `.grad`, group of weights by group
+        (torch's order), `final` hearing of each weight once the last group that adds to it is done."""
         item = self.pending.pop(mb)
         if item[0] == "whole":
             _, out, grad = item
             out.backward(grad)
-        else:
-            stage_backward_weight(iter(self.params), item[1])
+            return
+        nodes = {_get_grad_fn_or_grad_acc(p): p for p in self.params}
+        left = Counter(n for group in item[1] for n in group["params"])
+        for group in item[1]:
+            weights = list(group["params"])
+            stage_backward_weight(iter(self.params), [group])
+            left.subtract(weights)
+            if final is not None:
+                final([nodes[n] for n in weights if n in nodes and left[n] == 0])
 
 
 class SplitSteps:
@@ -50,9 +65,10 @@ class SplitSteps:
     stage (`st`, `first`, `last`, `clock`, `memory`), the messages (engine.runtime.links) and `_fault`,
     `_event`, `_compute_s`."""
 
-    def _split_step(self, kind: str, mb: int, k: int, split: SplitBackward, pending, inputs, outputs, outbox) -> None:
-        """B (the input gradient, sent back at once) or W (the weight gradients) of micro-batch `mb`."""
-        st, clock = self.st, self.clock
+    def _split_step(self, act, k: int, split: SplitBackward, pending, inputs, outputs, outbox) -> None:
+        """B (the input gradient, sent back at once) or W (the weight gradients) of the action's micro-batch; the
+        last W sends the stage's gradients to its ring as they are final (engine.runtime.allreduce)."""
+        st, clock, kind, mb = self.st, self.clock, act.kind, act.micro_batch
         if kind == "B":
             grad = None if self.last else self.receive(pending, "B", mb)
             start = now()
@@ -65,8 +81,10 @@ class SplitSteps:
             self.send(dx, st.send_backward, "B", mb, outbox)
         else:
             start = now()
-            split.weight_gradient(mb)
+            with self._finals(act) as final:
+                split.weight_gradient(mb, final)
             inputs.pop(mb)
             self.memory.release(mb)
             end = clock.pad(start, self._compute_s(st.weight_s, k))
+            self._stepped(act, start, end)
             self._event("W", mb, start, end)

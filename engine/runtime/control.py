@@ -25,6 +25,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from engine.buckets import Bucket
 from engine.plan import Plan
 from engine.runtime.detection import HEARTBEAT_S
 from engine.runtime.recovery import Piece
@@ -96,7 +97,8 @@ class Generation:
         steps = {}
         for name, s in doc["steps"].items():
             moves = {k: tuple(Transfer(**t) for t in s[k]) for k in _MOVES}
-            steps[name] = DeviceSteps(**{**s, **moves})
+            buckets = tuple(Bucket(**b) for b in s.get("buckets", ()))
+            steps[name] = DeviceSteps(**{**s, **moves, "buckets": buckets})
         return cls(
             number=doc["number"],
             plan=Plan.from_dict(doc["plan"], keep_prediction=True),

@@ -324,19 +324,18 @@ class _Device(Waits, Links, DeltaLinks, SplitSteps, Copies, Evaluation, StageAll
                     self._event("F", mb, start, end)
                     self.send(out, st.send_forward, "F", mb, outbox)
                 elif split is not None:  # a zero-bubble schedule: B sends the input gradient, W comes later
-                    self._split_step(act.kind, mb, k, split, pending, inputs, outputs, outbox)
+                    self._split_step(act, k, split, pending, inputs, outputs, outbox)
                 else:
                     grad = None if self.last else self.receive(pending, "B", mb)
                     start = now()
                     out = outputs.pop(mb)
-                    if self.last:
-                        out.backward()
-                    else:
-                        out.backward(grad)
+                    with self._finals(act):  # the last backward: its gradients go to the stage's ring as final
+                        out.backward() if self.last else out.backward(grad)
                     x = inputs.pop(mb)
                     self.memory.release(mb)
                     self._fault(k, "backward")
                     end = clock.pad(start, self._compute_s(st.backward_s, k))
+                    self._stepped(act, start, end)
                     self._event("B", mb, start, end)
                     if not self.first:
                         self.send(x.grad, st.send_backward, "B", mb, outbox)

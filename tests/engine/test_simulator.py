@@ -63,9 +63,9 @@ def test_matches_closed_form_with_data_parallel_stages(S, M):
 
 
 def test_stays_close_to_the_cost_model_on_random_plans():
-    # Over the 60 shared instances, every method's plan: sim / predicted spans about 0.67 .. 1.06 (the
-    # simulator's sends overlap compute, and a stage's all-reduce later stages' drain; the closed form's
-    # do not).
+    # Over the 60 shared instances, every method's plan: sim / predicted spans about 0.6 .. 1.06 (the
+    # simulator's sends overlap compute, and a stage's all-reduce its last backward (in buckets) and later
+    # stages' drain; the closed form's do not: it charges the all-reduce after the pipeline, an upper bound).
     ratios = []
     for seed in range(60):
         problem, plans = solved_instance(seed)
@@ -77,7 +77,7 @@ def test_stays_close_to_the_cost_model_on_random_plans():
                 ratios.append(sim.iteration_s / sim.predicted_iteration_s)
     assert len(ratios) >= 250
     assert 0.5 < min(ratios) and max(ratios) < 1.5, (min(ratios), max(ratios))
-    assert sorted(ratios)[len(ratios) // 2] == pytest.approx(1.0, abs=0.05)  # typically very close
+    assert 0.9 <= sorted(ratios)[len(ratios) // 2] <= 1.05  # typically close
 
 
 def timeline_plans():
@@ -139,14 +139,17 @@ def test_timeline_events_are_consistent(schedule):
                 if e.kind == "W":  # a weight gradient after its input gradient
                     assert e.start >= ends[(dev, "B", e.micro_batch)] - EPS
             # A device computes one step at a time and its link sends one message at a time, the two side by
-            # side; the all-reduce comes after both.
+            # side; the all-reduce (in buckets) starts within the last gradient step and ends after both.
             for lane in ("FBW", ("send",)):
                 ordered = sorted((e for e in evs if e.kind in lane), key=lambda e: (e.start, e.end))
                 assert all(a.end <= b.start + EPS for a, b in zip(ordered, ordered[1:])), dev
             reduces = [e for e in evs if e.kind == "all-reduce"]
             assert len(reduces) == (len(plan.stages[stage].devices) > 1)
+            last = max((x for x in evs if x.kind == ("B" if schedule == "1f1b" else "W")), key=lambda x: x.end)
             assert all(
-                e.micro_batch == -1 and e.start >= max(x.end for x in evs if x.kind != "all-reduce") - EPS
+                e.micro_batch == -1
+                and e.start >= last.start - EPS
+                and e.end >= max(x.end for x in evs if x.kind != "all-reduce") - EPS
                 for e in reduces
             )
         sends = [e for e in sim.events if e.kind == "send"]
