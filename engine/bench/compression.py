@@ -42,7 +42,7 @@ class Run:
     batch_size: int
     shape: str = ""  # the plan: stages and devices
     compression: str = ""  # the plan's level per boundary
-    predicted: float = 0.0  # samples/s
+    predicted: float = 0.0  # samples/s: the plan's simulated throughput (the closed form's where not simulated)
     throughput: float = 0.0  # measured samples/s, device time
     wire_bytes: int = 0  # per iteration, between stages
     payload_bytes: int = 0
@@ -86,7 +86,7 @@ def run_one(
         plan = plan_compressed("asteroid", problem, *asked, samples=samples)
         run.shape = shape(plan)
         run.compression = ",".join("off" if b >= 32 else str(b) for b in plan.compression) or "off"
-        run.predicted = plan.predicted.throughput
+        run.predicted = plan.predicted.expected_throughput
         key = json.dumps(plan.to_dict(), sort_keys=True)
         if seen is not None and key in seen:
             return replace(seen[key], level=level, wall_s=0.0, same_as=seen[key].level)

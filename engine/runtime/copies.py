@@ -20,7 +20,8 @@ RESTORE_TAG = 1 << 21  # restore piece i uses RESTORE_TAG + 2 i (+1 for its payl
 
 class Copies:
     """Mixin of the device (engine.runtime.worker). Needs `layers`, `own`, `live`, `snapshot`, `replica`,
-    `optimizer`, `store`, `ranks`, the `world` and `train` groups, `clock` and the wait helpers."""
+    `optimizer`, `delta_in`, `delta_out`, `memory`, `store`, `ranks`, the `world` and `train` groups, `clock` and
+    the wait helpers."""
 
     def _report(self, number: int) -> None:
         """Tell the coordinator which copies of which layers this device holds now."""
@@ -33,7 +34,10 @@ class Copies:
         self.store.set(gen_key(number, "held", self.name), json.dumps([c.__dict__ for c in copies]))
 
     def _held_bytes(self) -> int:
-        return sum(layerstate.nbytes(h[1]) for h in (self.snapshot, self.replica) if h is not None)
+        """Bytes of what the device keeps besides training: its snapshot, its neighbour's replica and its
+        activation-change memories (engine.deltas: kept activations and what the last iterations replaced)."""
+        copies = sum(layerstate.nbytes(h[1]) for h in (self.snapshot, self.replica) if h is not None)
+        return copies + sum(m.nbytes for m in (self.delta_in, self.delta_out) if m is not None)
 
     def _states(self, kind: str, start: int, end: int) -> layerstate.LayerStates:
         """Layers [start, end) from this device's copy of `kind`."""

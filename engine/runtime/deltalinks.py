@@ -53,9 +53,16 @@ class DeltaLinks:
             else:
                 kept[side] = DeltaMemory(layer, plan.delta_samples, live=start)
         self.delta_in, self.delta_out = kept["in"], kept["out"]
+        self._count_deltas()
 
     def _commit_deltas(self, k: int, committed: bool) -> None:
         """Iteration k committed (what it staged is kept) or failed (forgotten)."""
         for memory in (self.delta_in, self.delta_out):
             if memory is not None:
                 memory.commit(k) if committed else memory.discard()
+        self._count_deltas()
+
+    def _count_deltas(self) -> None:
+        """The memory meter counts what the memories now hold (`_held_bytes`)."""
+        if self.memory is not None:
+            self.memory.static_extra(self._held_bytes())

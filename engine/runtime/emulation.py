@@ -130,7 +130,7 @@ class DeviceOutOfMemory(UserError):
 class MemoryMeter:
     """Counts the bytes a device really holds: weights, gradients, optimizer state and, per micro-batch in
     flight, the tensors autograd saved for the backward pass (each storage once, weights excluded), and the
-    copies it keeps for fault tolerance (`held`: its snapshot and its neighbour's replica)."""
+    copies it keeps (`held`: its snapshot, its neighbour's replica and its activation-change memories)."""
 
     def __init__(
         self, device: str, budget: int | None, params: list[torch.Tensor], optimizer_states: int, held: int = 0

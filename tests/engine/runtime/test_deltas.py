@@ -1,8 +1,10 @@
 """Activation-change compression in real runs: the pairs' copies follow a recovery exactly, and they change what
 crosses."""
 
+from engine.models import get_model
 from engine.runtime.faults import Faults, Leave, parse_fail
 from engine.runtime.launcher import RunOptions, train
+from engine.runtime.stage import boundary_examples
 from tests.engine.runtime.helpers import cluster_of, make_plan, model_workload
 
 MODEL = "gpt-small"  # no BatchNorm, no dropout: the same messages give the same model
@@ -42,3 +44,15 @@ def test_a_replay_from_the_replica_sends_the_same_changes_as_a_run_that_never_fa
     # and the changes did change what crossed: the same run sending every activation whole trains otherwise
     direct = _train(Faults(leave=(Leave("nano-2", 2),)), delta=0)
     assert direct.loss[:2] == left.loss[:2] and direct.loss[2:] != left.loss[2:]
+
+
+def test_the_kept_activations_count_in_the_device_memory_it_reports():
+    """nx-0 keeps, per sample that crossed to tx2-1, the activation both ends reconstructed (bfloat16): its
+    reported peak memory holds all 16 of them more than the same run sending every activation whole."""
+    spec = get_model(MODEL)
+    _, out = boundary_examples(spec, spec.layers(), 0, STAGES[0][1])
+    kept = 16 * out.numel() * 2  # 16 samples in bfloat16
+    left = _train(Faults(leave=(Leave("nano-2", 2),)))
+    direct = _train(Faults(leave=(Leave("nano-2", 2),)), delta=0)
+    extra = left.devices["nx-0"]["peak_memory_bytes"] - direct.devices["nx-0"]["peak_memory_bytes"]
+    assert kept <= extra <= 2 * kept  # the kept ones, and at most as many that the last iterations replaced
