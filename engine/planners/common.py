@@ -103,22 +103,26 @@ def scheduled(plan: Plan, w: Workload, names: Iterable[str]) -> Plan:
 
 
 def fastest_scheduled(plans: Iterable[Plan], w: Workload, names: Iterable[str]) -> Plan:
-    """Of `plans`, each under its fastest schedule (`scheduled`), the fastest that fits. A plan whose busiest
-    device's compute alone (M x its forward and backward: no schedule is faster) is not below the best found
-    yet is not simulated; the plans are taken in order of that bound, so the rest are skipped at once."""
+    """Of `plans`, each under its fastest schedule (`scheduled`), the fastest that fits (if none fits, the fastest
+    of the rest)."""
+    return fastest_few(plans, w, names, 1)[0]
+
+
+def fastest_few(plans: Iterable[Plan], w: Workload, names: Iterable[str], n: int) -> list[Plan]:
+    """Of `plans`, each under its fastest schedule (`scheduled`), the `n` fastest, those that fit first, fastest
+    first. A plan whose busiest device's compute alone (M x its forward and backward: no schedule is faster) is
+    not below the n-th fastest that fits yet is not simulated; the plans are taken in order of that bound, so the
+    rest are skipped at once."""
     names = tuple(names)
     bounded = sorted(((busy_bound(p, w), k, p) for k, p in enumerate(plans)), key=lambda x: (x[0], x[1]))
-    best = None
+    found: list[Plan] = []
     for bound, _, p in bounded:
-        if best is not None and best.predicted.fits and bound >= best.predicted.simulated_s:
+        fitting = [q for q in found if q.predicted.fits]
+        if len(fitting) >= n and bound >= fitting[n - 1].predicted.simulated_s:
             break
-        p = scheduled(p, w, names)
-        if best is None or (not p.predicted.fits, p.predicted.simulated_s) < (
-            not best.predicted.fits,
-            best.predicted.simulated_s,
-        ):
-            best = p
-    return best
+        found.append(scheduled(p, w, names))
+        found.sort(key=lambda q: (not q.predicted.fits, q.predicted.simulated_s))  # stable: earlier wins a tie
+    return found[:n]
 
 
 def busy_bound(plan: Plan, w: Workload) -> float:

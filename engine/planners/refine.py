@@ -5,7 +5,8 @@ The planner searches on the cost model's closed form and ranks a few near-optima
 schedule's own fill and drain), so a plan one move away can run faster. The moves: a cut between two stages
 one layer earlier or later; one sample from a device to another of its stage; a device to a neighbouring
 stage, with one sample taken from that stage's largest share (its own samples go to its old stage's largest
-share). Each round simulates every move that fits in memory and keeps the fastest if it beats the plan; it
+share). Each round simulates every move that fits in memory and that its busiest device's compute does not
+rule out (`common.busy_bound`), and keeps the fastest if it beats the plan; it
 stops when none does, or after MAX_SIMULATIONS simulations (a deterministic bound, so a plan is repeatable).
 """
 
@@ -16,28 +17,33 @@ from dataclasses import replace
 
 from engine.costmodel import Workload, score
 from engine.plan import Plan, Share, Stage
+from engine.planners.common import busy_bound
 from engine.simulator import simulate
 
 MAX_SIMULATIONS = 300
 GAIN = 1e-6  # a move must simulate at least this share faster: ties and float noise do not move the plan
 
 
-def refine(plan: Plan, w: Workload, budget: int = MAX_SIMULATIONS) -> Plan:
-    """`plan` improved by single moves while one simulates faster (same schedule, same micro-batches)."""
+def refine(plan: Plan, w: Workload, budget: int = MAX_SIMULATIONS, cuts_only: bool = False) -> Plan:
+    """`plan` improved by single moves while one simulates faster (same schedule, same micro-batches); `cuts_only`:
+    by moving its cuts alone (2 (S - 1) moves a round instead of dozens)."""
     best = _simulated(plan, w)
     spent = 0
     while spent < budget:
         found = None
-        for stages in moves(best.stages):
+        for stages in moves(best.stages, cuts_only):
             if spent >= budget:
                 break
             candidate = replace(best, stages=stages, predicted=None)
             prediction = score(candidate, w)
             if not prediction.fits:
                 continue
+            beat = best.predicted.simulated_s * (1 - GAIN) if found is None else found[0]
+            if busy_bound(candidate, w) >= beat:  # its busiest device alone takes longer: it cannot win
+                continue
             spent += 1
             sim = simulate(candidate, w, timeline=False).iteration_s
-            if sim < best.predicted.simulated_s * (1 - GAIN) and (found is None or sim < found[0]):
+            if sim < beat:
                 found = (sim, candidate.with_prediction(replace(prediction, simulated_s=sim)))
         if found is None:
             break
@@ -52,8 +58,8 @@ def _simulated(plan: Plan, w: Workload) -> Plan:
     return plan.with_prediction(replace(prediction, simulated_s=simulate(plan, w, timeline=False).iteration_s))
 
 
-def moves(stages: tuple[Stage, ...]) -> Iterator[tuple[Stage, ...]]:
-    """Every plan one move from `stages`, in a fixed order: cuts, then samples, then devices."""
+def moves(stages: tuple[Stage, ...], cuts_only: bool = False) -> Iterator[tuple[Stage, ...]]:
+    """Every plan one move from `stages`, in a fixed order: cuts, then (unless `cuts_only`) samples, then devices."""
     S = len(stages)
     for k in range(S - 1):  # the cut after stage k, one layer either way
         a, b = stages[k], stages[k + 1]
@@ -61,6 +67,8 @@ def moves(stages: tuple[Stage, ...]) -> Iterator[tuple[Stage, ...]]:
             cut = a.end + shift
             if a.start < cut < b.end:
                 yield _with(stages, {k: replace(a, end=cut), k + 1: replace(b, start=cut)})
+    if cuts_only:
+        return
     for k, st in enumerate(stages):  # one sample between two devices of a stage
         for i, giver in enumerate(st.devices):
             if giver.samples < 2:
