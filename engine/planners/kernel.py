@@ -245,7 +245,8 @@ def front_search(t, cap_bound, limit, ks, k_top, cuts, states, codes, ordered, k
                 # The front: entries no other beats for every way of finishing the plan. Finishing adds stages of
                 # time x >= f and all-reduce y to both: with U' = max(U, f), e1 is never worse than e2 iff S1 +
                 # (M - 1)(U1' - U2')+ + (A1 - A2)+ <= S2. A beating entry has the smaller key (M - 1) U' + S + A,
-                # so in key order only kept ones can beat.
+                # so in key order only kept ones can beat. Which one beats does not matter, so the likeliest are
+                # tried first.
                 start[kk, i, r] = used
                 if n_e:
                     key = np.empty(n_e)
@@ -255,14 +256,24 @@ def front_search(t, cap_bound, limit, ks, k_top, cuts, states, codes, ordered, k
                     need = used + n_e
                     pU, pS, pA, pj, pg, pn = _grow_entries(pU, pS, pA, pj, pg, pn, need)
                     kept = 0
+                    last = -1  # the entry that beat the candidate before: it often beats the next one too
                     for o in range(n_e):
                         e = order[o]
                         U, S, A = eU[e], eS[e], eA[e]
                         beaten = False
-                        for q in range(used, used + kept):
+                        for step in range(kept + 1):  # that entry first, then the kept ones newest first
+                            if step == 0:
+                                if last < 0:
+                                    continue
+                                q = last
+                            else:
+                                q = used + kept - step
+                                if q == last:
+                                    continue
                             du, da = (pU[q] if pU[q] > f else f) - (U if U > f else f), pA[q] - A
                             if pS[q] + (M - 1) * (du if du > 0 else 0.0) + (da if da > 0 else 0.0) <= S:
                                 beaten = True
+                                last = q
                                 break
                         if not beaten:
                             q = used + kept
