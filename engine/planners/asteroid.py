@@ -73,7 +73,7 @@ DEEP_LAYERS, LAYER_BLOCKS = 100, 24
 RANK_RATIO, RANK_KEEP, RANK_PLANS = 0.75, 3, 8
 # Where ranked, the REFINED fastest ranked plans have their cuts refined (engine.planners.refine, cut moves alone:
 # cheap), and the fastest of them is then refined by every move: the best of the ranking is not always the one a
-# few moves improve most (MobileNetV2 on B: the third, 7 % slower, is two cuts from a plan 4 % faster than the
+# few moves improve most (MobileNetV2 on B: the third, 6 % slower, is two cuts from a plan 5 % faster than the
 # first's refinement). A re-plan waits for every simulation of it.
 REFINED = 3
 # GPipe's and FTPipeHD's plans join the ranking on clusters the exact search covers, up to this many layers

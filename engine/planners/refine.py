@@ -6,8 +6,8 @@ schedule's own fill and drain), so a plan one move away can run faster. The move
 one layer earlier or later; one sample from a device to another of its stage; a device to a neighbouring
 stage, with one sample taken from that stage's largest share (its own samples go to its old stage's largest
 share). Each round simulates every move that fits in memory and that its busiest device's compute does not
-rule out (`common.busy_bound`), and keeps the fastest if it beats the plan; it
-stops when none does, or after MAX_SIMULATIONS simulations (a deterministic bound, so a plan is repeatable).
+already rule out (`common.busy_bound`), and keeps the fastest if it beats the plan; it stops when none does, or
+after MAX_SIMULATIONS simulations (a deterministic bound, so a plan is repeatable).
 """
 
 from __future__ import annotations
