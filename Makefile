@@ -12,7 +12,7 @@ $(PY):
 
 $(STAMP): requirements.txt | $(PY)
 	$(PY) -m pip install -r requirements.txt
-	@echo "compiling the planner's search (numba; once, about 10 s)"
+	@echo "compiling the planner's search and the simulator (numba; once, about 20 s)"
 	$(PY) -c "from engine.planners import kernel; kernel.warm()"
 	touch $(STAMP)
 

@@ -20,8 +20,11 @@ drain. The first stage sends no gradient back, so its whole backward is W.
 
 from __future__ import annotations
 
-import heapq
 from typing import NamedTuple
+
+import numpy as np
+
+from engine import simkernel
 
 # The schedules a plan may run; "1f1b" runs each backward whole, the others split it into B and W.
 SCHEDULES = ("1f1b", "zb-h1", "zb-h2")
@@ -50,21 +53,35 @@ class Action(NamedTuple):
 
 def one_f_one_b(num_stages: int, micro_batches: int) -> dict[int, list[Action]]:
     """The synchronous 1F1B schedule (one flush per iteration) for every stage."""
-    if num_stages < 1 or micro_batches < 1:
-        raise ValueError(f"need >= 1 stage and micro-batch, got {num_stages} and {micro_batches}")
-    schedule = {}
-    for s in range(num_stages):
-        warmup = min(num_stages - s - 1, micro_batches)
-        acts = [Action(s, "F", mb) for mb in range(warmup)]
-        fwd, bwd = warmup, 0
-        while bwd < micro_batches:
-            if fwd < micro_batches:
-                acts.append(Action(s, "F", fwd))
-                fwd += 1
-            acts.append(Action(s, "B", bwd))
-            bwd += 1
-        schedule[s] = acts
-    return schedule
+    return actions(*codes(num_stages, micro_batches, "1f1b"))
+
+
+def codes(num_stages: int, micro_batches: int, name: str, times: list[StageTimes] | None = None):
+    """Every stage's list under schedule `name` as two S x n arrays: kinds (indices into KINDS) and micro-batches;
+    a zero-bubble schedule needs the stages' step `times` (`zero_bubble`)."""
+    S, M = num_stages, micro_batches
+    if S < 1 or M < 1:
+        raise ValueError(f"need >= 1 stage and micro-batch, got {S} and {M}")
+    if name == "1f1b":
+        return simkernel.one_f_one_b(S, M)
+    if times is None or len(times) != S:
+        raise ValueError(f"schedule {name!r} needs the step times of all {S} stages")
+    if name == "zb-h1":
+        return _replay(times, M, [S - s - 1 for s in range(S)], [in_flight(S, M, s) for s in range(S)])[1:]
+    if name != "zb-h2":
+        raise ValueError(f"not a schedule: {name!r}")
+    warm = [2 * (S - s) - 2 for s in range(S)]
+    tried = [_replay(times, M, warm, [max(2 * (S - s) - 1, S) for s in range(S)])]
+    tried.append(_replay(times, M, warm, [in_flight(S, M, s, name) for s in range(S)]))
+    return min(tried, key=lambda t: t[0])[1:]
+
+
+def actions(kinds: np.ndarray, mbs: np.ndarray) -> dict[int, list[Action]]:
+    """The Action lists of `codes`' arrays."""
+    return {
+        s: [Action(s, KINDS[k], m) for k, m in zip(ks, ms)]
+        for s, (ks, ms) in enumerate(zip(kinds.tolist(), mbs.tolist()))
+    }
 
 
 def in_flight(num_stages: int, micro_batches: int, stage: int, name: str = "1f1b") -> int:
@@ -91,88 +108,24 @@ def zero_bubble(times: list[StageTimes], micro_batches: int, name: str = "zb-h1"
     1F1B's order, after `warm-up` forwards (ZB-H1: 1F1B's S - s - 1; ZB-H2: 2 (S - s) - 2, to fill the
     warm-up bubble); the W steps go where `_replay` finds the stage idle or its memory cap reached. ZB-H2 tries
     two caps (2 (S - s) - 1 but at least S, and 2 S - 1 everywhere) and keeps the lists that end first."""
-    S, M = len(times), micro_batches
-    if S < 1 or M < 1:
-        raise ValueError(f"need >= 1 stage and micro-batch, got {S} and {M}")
-    if name == "zb-h1":
-        return _replay(times, M, [S - s - 1 for s in range(S)], [in_flight(S, M, s) for s in range(S)])[1]
-    if name != "zb-h2":
+    if name not in ("zb-h1", "zb-h2"):
         raise ValueError(f"not a zero-bubble schedule: {name!r}")
-    warm = [2 * (S - s) - 2 for s in range(S)]
-    tried = [_replay(times, M, warm, [max(2 * (S - s) - 1, S) for s in range(S)])]
-    tried.append(_replay(times, M, warm, [in_flight(S, M, s, name) for s in range(S)]))
-    return min(tried, key=lambda t: t[0])[1]
+    return actions(*codes(len(times), micro_batches, name, times))
 
 
-def _replay(times: list[StageTimes], M: int, warm: list[int], cap: list[int]) -> tuple[float, dict[int, list[Action]]]:
+def _replay(times: list[StageTimes], M: int, warm: list[int], cap: list[int]) -> tuple[float, np.ndarray, np.ndarray]:
     """Replay the pipeline in time order, building each stage's list, and say when it ends. A free stage runs
     its next forward or backward (in 1F1B's order after warm[s] forwards) once its input or gradient is in and,
     for a forward, while it holds fewer than cap[s] micro-batches; else its oldest deferred W if that W would
-    not hold up an input or gradient already on its way, or the cap demands it; else it waits."""
+    not hold up an input or gradient already on its way, or the cap demands it; else it waits. Stages move in
+    order of (clock, stage). The loop runs compiled (engine.simkernel.replay)."""
     S = len(times)
-    order = [_forward_backward_order(M, min(warm[s], M)) for s in range(S)]
-    clock, pos = [0.0] * S, [0] * S
-    done = [{"F": 0, "B": 0, "W": 0} for _ in range(S)]
-    inputs = [[0.0] * M if s == 0 else [None] * M for s in range(S)]  # when each micro-batch's input arrives
-    grads: list[list[float | None]] = [[None] * M for _ in range(S)]  # ... and its output gradient
-    lists: dict[int, list[Action]] = {s: [] for s in range(S)}
-    ready = [(0.0, s) for s in range(S)]  # (clock, stage) of the stages that may move, earliest first
-    queued = [True] * S  # in `ready`; a stage that is not waits for something to arrive
-    while ready:
-        t, s = heapq.heappop(ready)
-        queued[s] = False
-        n, st = done[s], times[s]
-        nxt = order[s][pos[s]] if pos[s] < len(order[s]) else None
-        at, capped = None, False
-        if nxt is not None:
-            at = (inputs if nxt[0] == "F" else grads)[s][nxt[1]]
-            capped = nxt[0] == "F" and n["F"] - n["W"] >= cap[s]
-        if nxt is not None and not capped and at is not None and at <= t:
-            kind, length = nxt[0], st.forward if nxt[0] == "F" else st.backward
-            pos[s] += 1
-        elif n["W"] < n["B"] and (capped or at is None or t + st.weight <= at):
-            kind, length = "W", st.weight
-        else:
-            if at is not None:  # wait for what is on its way; else for a message not yet sent
-                clock[s] = max(t, at)
-                heapq.heappush(ready, (clock[s], s))
-                queued[s] = True
-            continue
-        mb = n[kind]
-        lists[s].append(Action(s, kind, mb))
-        n[kind] += 1
-        clock[s] = end = t + length
-        if len(lists[s]) < 3 * M:
-            heapq.heappush(ready, (end, s))
-            queued[s] = True
-        woken = None
-        if kind == "F":
-            if s + 1 < S:
-                inputs[s + 1][mb] = end + st.send_forward
-                woken = s + 1
-            else:
-                grads[s][mb] = end  # the last stage's loss gradient is its own
-        elif kind == "B" and s > 0:
-            grads[s - 1][mb] = end + st.send_backward
-            woken = s - 1
-        if woken is not None and not queued[woken] and len(lists[woken]) < 3 * M:
-            heapq.heappush(ready, (clock[woken], woken))
-            queued[woken] = True
-    if any(len(lists[s]) < 3 * M for s in range(S)):
+    end, kinds, mbs = simkernel.replay(
+        np.array(times, dtype=np.float64).reshape(S, 5), M, np.array(warm, np.int64), np.array(cap, np.int64)
+    )
+    if end < 0:
         raise RuntimeError("zero_bubble: no stage can move (a dependency is never met)")
-    return max(clock), lists
-
-
-def _forward_backward_order(M: int, warm: int) -> list[tuple[str, int]]:
-    """1F1B's order of forwards and backwards after `warm` warm-up forwards."""
-    order = [("F", m) for m in range(warm)]
-    f = warm
-    for b in range(M):
-        if f < M:
-            order.append(("F", f))
-            f += 1
-        order.append(("B", b))
-    return order
+    return end, kinds, mbs
 
 
 def held(actions: list[Action]) -> int:

@@ -17,11 +17,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
+from engine import simkernel
 from engine.buckets import finish
 from engine.costmodel import Workload, link_s, replica_bytes, score
 from engine.events import StepEvent
 from engine.plan import Plan
-from engine.steps import device_steps, stage_actions
+from engine.schedule import KINDS
+from engine.steps import device_steps, stage_codes
 
 
 @dataclass(frozen=True)
@@ -50,83 +54,55 @@ class Simulation:
         return doc
 
 
-def simulate(plan: Plan, w: Workload, replicate: bool = False, timeline: bool = True) -> Simulation:
-    """One iteration of `plan`; `timeline` False leaves the events out (the planners need only the times)."""
-    prediction = score(plan, w)  # validates the plan and gives memory and the closed form
-    S = len(plan.stages)
-    steps = device_steps(plan, w)
-    schedule = stage_actions(plan, steps)
+def simulate(
+    plan: Plan, w: Workload, replicate: bool = False, timeline: bool = True, *, known: tuple | None = None
+) -> Simulation:
+    """One iteration of `plan`; `timeline` False leaves the events out (the planners need only the times).
+    `known`: the plan's (`score`, `device_steps`), where the caller has them already."""
+    # score validates the plan and gives memory and the closed form
+    prediction, steps = known if known is not None else (score(plan, w), device_steps(plan, w))
+    S, M = len(plan.stages), plan.micro_batches
+    kinds, mbs = stage_codes(plan, steps)
     split = plan.schedule != "1f1b"
-    info = {
-        name: {
-            "stage": d.stage,
-            "F": d.forward_s,
-            "B": d.backward_s - d.weight_s if split else d.backward_s,
-            "W": d.weight_s,
-            "send_W": [],
-            "send_F": [(t.peer, t.seconds) for t in d.send_forward],
-            "send_B": [(t.peer, t.seconds) for t in d.send_backward],
-        }
-        for name, d in steps.items()
-    }
-    expected = {}
-    for name, d in steps.items():
-        expected[(name, "F")] = len(d.recv_forward)
-        expected[(name, "B")] = len(d.recv_backward)
-    arrivals: dict[tuple[str, str, int], list[float]] = {}
-    clock = {name: 0.0 for name in info}
-    link = {name: 0.0 for name in info}  # when each device's outgoing link is free
-    position = {name: 0 for name in info}
-    own_forward_end: dict[tuple[str, int], float] = {}
-    last_kind = "W" if split else "B"  # the step that makes the gradients final, as it passes their layers
-    last_grad: dict[str, tuple[float, float]] = {}  # device -> its last such step (start, end)
+    names = list(steps)
+    index = {name: k for k, name in enumerate(names)}
+    sends = [(d.send_forward, d.send_backward) for d in steps.values()]
+    transfers = [t for pair in sends for kind in pair for t in kind]
+    at = np.cumsum([0, *(len(kind) for pair in sends for kind in pair)])  # device d's F sends, then its B sends
+    durations = [
+        (d.forward_s, d.backward_s - d.weight_s if split else d.backward_s, d.weight_s) for d in steps.values()
+    ]
+    clock_, link_, last_, busy, log_i, log_t, starts = simkernel.run(
+        np.array([d.stage for d in steps.values()], np.int64), np.array(durations), kinds, mbs, M,
+        np.array([(len(d.recv_forward), len(d.recv_backward)) for d in steps.values()], np.int64),
+        np.column_stack([at[0:-1:2], at[1::2], at[2::2]]),
+        np.array([index[t.peer] for t in transfers], np.int64), np.array([t.seconds for t in transfers]),
+        simkernel.W if split else simkernel.B,
+    )  # fmt: skip
+    if len(log_i) < len(names) * kinds.shape[1]:
+        raise RuntimeError("simulator deadlock: the schedule's dependencies cannot be met")
     events: list[StepEvent] = []
-    busy = 0.0
-    remaining = sum(len(schedule[d["stage"]]) for d in info.values())
-    while remaining:
-        progressed = False
-        for name, d in info.items():
-            acts = schedule[d["stage"]]
-            while position[name] < len(acts):
-                act = acts[position[name]]
-                got = arrivals.get((name, act.kind, act.micro_batch), [])
-                if act.kind != "W" and len(got) < expected[(name, act.kind)]:
-                    break
-                ready = max(got, default=0.0)
-                if act.kind == "B" and d["stage"] == S - 1:
-                    ready = own_forward_end[(name, act.micro_batch)]
-                start = max(clock[name], ready)
-                end = start + d[act.kind]
-                if timeline:
-                    events.append(StepEvent(name, d["stage"], act.micro_batch, act.kind, start, end))
-                if act.kind == "F":
-                    own_forward_end[(name, act.micro_batch)] = end
-                elif act.kind == last_kind:
-                    last_grad[name] = (start, end)
-                t = max(end, link[name])
-                for peer, dur in d["send_" + act.kind]:
-                    if timeline:
-                        events.append(StepEvent(name, d["stage"], act.micro_batch, "send", t, t + dur, peer))
-                    t += dur
-                    arrivals.setdefault((peer, act.kind, act.micro_batch), []).append(t)
-                    link[name] = t  # (busy with sends only: the all-reduce may start before a step ends)
-                busy += end - start
-                clock[name] = end
-                position[name] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:
-            raise RuntimeError("simulator deadlock: the schedule's dependencies cannot be met")
+    if timeline:  # each step, then its sends, in the order they ran
+        x, starts = 0, starts.tolist()
+        for (d, k, mb), (start, end) in zip(log_i.tolist(), log_t.tolist()):
+            name, stage = names[d], steps[names[d]].stage
+            events.append(StepEvent(name, stage, mb, KINDS[k], start, end))
+            for t in sends[d][k] if k != simkernel.W else ():
+                events.append(StepEvent(name, stage, mb, "send", starts[x], starts[x] + t.seconds, t.peer))
+                x += 1
+    clock = dict(zip(names, clock_.tolist()))
+    link = dict(zip(names, link_.tolist()))
+    last_grad = {name: (a, e) for name, (a, e) in zip(names, last_.tolist())}
     for s, st in enumerate(plan.stages):
-        names = [x.name for x in st.devices]
-        buckets = steps[names[0]].buckets
-        for n in names:
+        group = [x.name for x in st.devices]
+        buckets = steps[group[0]].buckets
+        for n in group:
             clock[n] = max(clock[n], link[n])
         if buckets:  # each bucket once every device has it, after the sends (engine.buckets)
-            free = max(link[n] for n in names)
-            ready = [max(a + b.ready * (e - a) for a, e in (last_grad[n] for n in names)) for b in buckets]
+            free = max(link[n] for n in group)
+            ready = [max(a + b.ready * (e - a) for a, e in (last_grad[n] for n in group)) for b in buckets]
             end = finish(free, ready, [b.seconds for b in buckets])
-            for n in names:
+            for n in group:
                 events.append(StepEvent(n, s, -1, "all-reduce", max(free, ready[0]), end))
                 clock[n] = max(clock[n], end)
     total = max(clock.values())
@@ -147,7 +123,7 @@ def simulate(plan: Plan, w: Workload, replicate: bool = False, timeline: bool = 
     return Simulation(
         iteration_s=total,
         throughput=plan.batch_size / total,
-        bubble_fraction=1 - busy / (len(info) * total),  # the share of device time not computing
+        bubble_fraction=1 - busy / (len(names) * total),  # the share of device time not computing
         memory_bytes=prediction.memory_bytes,
         fits=prediction.fits,
         predicted_iteration_s=prediction.iteration_s,

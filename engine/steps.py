@@ -13,7 +13,7 @@ from engine.buckets import Bucket, stage_buckets
 from engine.costmodel import Workload, allreduce_s, link_s
 from engine.devices import LAYER_OVERHEAD_S
 from engine.plan import OFF, Plan, Stage, gradient_bits
-from engine.schedule import Action, StageTimes, one_f_one_b, zero_bubble
+from engine.schedule import Action, StageTimes, actions, codes
 
 
 @dataclass(frozen=True)
@@ -119,9 +119,14 @@ def device_steps(plan: Plan, w: Workload) -> dict[str, DeviceSteps]:
 def stage_actions(plan: Plan, steps: dict[str, DeviceSteps]) -> dict[int, list[Action]]:
     """Every stage's action list under the plan's schedule; a zero-bubble one is built from each stage's slowest
     device's step times, so every process that has the plan's steps builds the same lists."""
+    return actions(*stage_codes(plan, steps))
+
+
+def stage_codes(plan: Plan, steps: dict[str, DeviceSteps]):
+    """`stage_actions` as `engine.schedule.codes`' arrays (kinds, micro-batches), for the simulator."""
     S, M = len(plan.stages), plan.micro_batches
     if plan.schedule == "1f1b":
-        return one_f_one_b(S, M)
+        return codes(S, M, "1f1b")
     times = []
     for st in plan.stages:
         ds = [steps[d.name] for d in st.devices]
@@ -134,4 +139,4 @@ def stage_actions(plan: Plan, steps: dict[str, DeviceSteps]) -> dict[int, list[A
                 send_backward=max(sum(t.seconds for t in d.send_backward) for d in ds),
             )
         )
-    return zero_bubble(times, M, plan.schedule)
+    return codes(S, M, plan.schedule, times)

@@ -281,9 +281,10 @@ def _rank(problem: Problem, searches: list[_Search], best: Plan, exact: bool, pr
     if not (problem.refine and fastest[0].predicted.fits and near):  # refined where ranked: small enough to simulate
         return fastest[0]
     w = problem.workload
-    cut = [refine(p, w, cuts_only=True) for p in fastest if p.predicted.fits]
+    seen: dict = {}
+    cut = [refine(p, w, cuts_only=True, seen=seen) for p in fastest if p.predicted.fits]
     chosen = min(cut, key=lambda p: p.predicted.simulated_s)  # the first on a tie
-    return scheduled(refine(chosen, w), w, problem.schedules)
+    return scheduled(refine(chosen, w, seen=seen), w, problem.schedules)
 
 
 def _optimise(problem: Problem, searches: list[_Search], progress: bool, upper: tuple | None = None) -> tuple:

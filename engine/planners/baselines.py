@@ -84,13 +84,17 @@ def ftpipehd(problem: Problem) -> Plan:
     w, cluster = problem.workload, problem.cluster
     L = w.num_layers
     devices = sorted(memory_order(cluster)[: min(L, len(cluster.devices))], key=lambda d: -d.memory_bytes)
+    terms: dict[tuple, StageTerms] = {}  # the same for every micro-batch count but where it caps the in-flight count
 
     def build(M: int):
         m = problem.batch_size // M
         S = len(devices)
 
         def cost(s: int, i: int, j: int) -> float:
-            t = stage_terms(w, cluster, devices[s], i, j, min(S - s, M))
+            key = (s, i, j, min(S - s, M))
+            if key not in terms:
+                terms[key] = stage_terms(w, cluster, devices[s], i, j, key[3])
+            t = terms[key]
             return t.fixed + m * t.per_sample if t.cap >= m else math.inf
 
         # best[s][j]: smallest bottleneck covering layers [0, j) with devices 0..s-1.

@@ -125,9 +125,11 @@ def fastest_few(plans: Iterable[Plan], w: Workload, names: Iterable[str], n: int
     return found[:n]
 
 
-def busy_bound(plan: Plan, w: Workload) -> float:
-    """A lower bound on the plan's iteration under any schedule: its busiest device's forward and backward."""
-    return plan.micro_batches * max(d.forward_s + d.backward_s for d in device_steps(plan, w).values())
+def busy_bound(plan: Plan, w: Workload, steps: dict | None = None) -> float:
+    """A lower bound on the plan's iteration under any schedule: its busiest device's forward and backward
+    (`steps`: the plan's `device_steps`, where the caller has them)."""
+    steps = steps if steps is not None else device_steps(plan, w)
+    return plan.micro_batches * max(d.forward_s + d.backward_s for d in steps.values())
 
 
 def best_plan(plans: Iterable[Plan | None]) -> Plan | None:

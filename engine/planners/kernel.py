@@ -305,11 +305,12 @@ def front_search(t, cap_bound, limit, ks, k_top, cuts, states, codes, ordered, k
 
 
 def warm() -> None:
-    """Compile the search (or load it from numba's cache) by planning a two-layer model on two boards."""
+    """Compile the search and the simulator's loops (engine.simkernel), or load them from numba's cache, by planning
+    a two-layer model on two boards (ranked: it simulates under every schedule)."""
     from engine.costmodel import Workload
     from engine.devices import Cluster, Device
     from engine.planners import Problem, asteroid
 
     w = Workload("warm-up", (1e9, 1e9), (2e9, 2e9), (1000, 1000), (1000, 1000), (1000, 1000), (1000, 1000), (0, 0))
     cluster = Cluster((Device.of_kind("a", "nano"), Device.of_kind("b", "nx")), name="warm-up")
-    asteroid.plan(Problem(w, cluster, 4, rank=False))
+    asteroid.plan(Problem(w, cluster, 4))

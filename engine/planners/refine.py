@@ -19,14 +19,21 @@ from engine.costmodel import Workload, score
 from engine.plan import Plan, Share, Stage
 from engine.planners.common import busy_bound
 from engine.simulator import simulate
+from engine.steps import device_steps
 
 MAX_SIMULATIONS = 300
 GAIN = 1e-6  # a move must simulate at least this share faster: ties and float noise do not move the plan
 
 
-def refine(plan: Plan, w: Workload, budget: int = MAX_SIMULATIONS, cuts_only: bool = False) -> Plan:
+def refine(
+    plan: Plan, w: Workload, budget: int = MAX_SIMULATIONS, cuts_only: bool = False, seen: dict | None = None
+) -> Plan:
     """`plan` improved by single moves while one simulates faster (same schedule, same micro-batches); `cuts_only`:
-    by moving its cuts alone (2 (S - 1) moves a round instead of dozens)."""
+    by moving its cuts alone (2 (S - 1) moves a round instead of dozens). `seen`: what earlier refinements of the
+    same problem worked out per plan, to reuse (a round meets the move that undoes the last one, and a refinement
+    after a cut-only one meets its last round's moves again); a plan met again counts against the budget as if
+    simulated again, so the result is the same with or without it."""
+    seen = {} if seen is None else seen
     best = _simulated(plan, w)
     spent = 0
     while spent < budget:
@@ -35,16 +42,22 @@ def refine(plan: Plan, w: Workload, budget: int = MAX_SIMULATIONS, cuts_only: bo
             if spent >= budget:
                 break
             candidate = replace(best, stages=stages, predicted=None)
-            prediction = score(candidate, w)
-            if not prediction.fits:
+            if candidate not in seen:  # its prediction, its steps, its busiest device's bound, its simulated time
+                seen[candidate] = [score(candidate, w), None, None, None]
+            known = seen[candidate]
+            if not known[0].fits:
                 continue
             beat = best.predicted.simulated_s * (1 - GAIN) if found is None else found[0]
-            if busy_bound(candidate, w) >= beat:  # its busiest device alone takes longer: it cannot win
+            if known[2] is None:
+                known[1] = device_steps(candidate, w)
+                known[2] = busy_bound(candidate, w, known[1])
+            if known[2] >= beat:  # its busiest device alone takes longer: it cannot win
                 continue
             spent += 1
-            sim = simulate(candidate, w, timeline=False).iteration_s
-            if sim < beat:
-                found = (sim, candidate.with_prediction(replace(prediction, simulated_s=sim)))
+            if known[3] is None:
+                known[3] = simulate(candidate, w, timeline=False, known=(known[0], known[1])).iteration_s
+            if known[3] < beat:
+                found = (known[3], candidate.with_prediction(replace(known[0], simulated_s=known[3])))
         if found is None:
             break
         best = found[1]

@@ -89,3 +89,23 @@ def test_the_planner_refines_the_cuts_of_several_ranked_plans():
         if chosen.predicted.simulated_s < alone.predicted.simulated_s * (1 - GAIN):
             faster += 1
     assert faster >= 1, faster
+
+
+def test_what_refinements_have_seen_is_reused_and_changes_nothing(monkeypatch):
+    import engine.planners.refine as refine_module
+
+    calls = []
+    real = refine_module.simulate
+    monkeypatch.setattr(refine_module, "simulate", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for _seed, problem in list(cells())[:6]:
+        w = problem.workload
+        start = make_plan("asteroid", replace(problem, refine=False))
+        calls.clear()
+        alone = refine(refine(start, w, cuts_only=True), w)
+        fresh = len(calls)
+        calls.clear()
+        seen: dict = {}
+        shared = refine(refine(start, w, cuts_only=True, seen=seen), w, seen=seen)
+        assert shared == alone and shared.predicted == alone.predicted
+        # the full refinement meets the cut-only one's last round again: never simulated twice
+        assert len(calls) < fresh or fresh == 0
