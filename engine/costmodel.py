@@ -98,6 +98,7 @@ class Workload:
         if len(share) != n or not all(0.0 <= x <= 1.0 for x in share):
             raise ValueError(f"workload {self.model}: weight_share needs a share in [0, 1] for each of {n} layers")
         object.__setattr__(self, "_share", np.asarray(share, dtype=float))
+        object.__setattr__(self, "_fractions", {})  # weight_fraction's answers: the simulator asks again and again
 
     @property
     def num_layers(self) -> int:
@@ -131,9 +132,12 @@ class Workload:
     def weight_fraction(self, dev: Device, i: int, j: int) -> float:
         """The share of `dev`'s backward over layers [i, j) that computes weight gradients."""
         table = self._tables.get(dev.name)
-        bwd = np.asarray(self.backward_flops[i:j] if table is None else np.diff(table[1][i : j + 1]), dtype=float)
-        total = float(bwd.sum())
-        return float(bwd @ self._share[i:j]) / total if total > 0 else 0.0
+        key = (None if table is None else dev.name, i, j)
+        if key not in self._fractions:
+            bwd = np.asarray(self.backward_flops[i:j] if table is None else np.diff(table[1][i : j + 1]), dtype=float)
+            total = float(bwd.sum())
+            self._fractions[key] = float(bwd @ self._share[i:j]) / total if total > 0 else 0.0
+        return self._fractions[key]
 
     def speed_bound(self, dev: Device) -> float:
         """A FLOP rate `dev` never beats on any layer range (work / it <= compute_s): its own rate, or for a

@@ -123,6 +123,7 @@ class Cluster:
     latency_ms: float = 0.2
     name: str = "custom"
     _index: dict = field(default=None, init=False, repr=False, compare=False)  # type: ignore[assignment]
+    _rates: dict = field(default=None, init=False, repr=False, compare=False)  # type: ignore[assignment]
 
     @property
     def label(self) -> str:
@@ -142,6 +143,7 @@ class Cluster:
         if self.latency_ms < 0:
             raise UserError(f"latency_ms must be >= 0, got {self.latency_ms}")
         object.__setattr__(self, "_index", {d.name: d for d in self.devices})
+        object.__setattr__(self, "_rates", {})  # bytes_per_s_of's answers: the simulator asks again and again
 
     @property
     def bytes_per_s(self) -> float:
@@ -150,7 +152,9 @@ class Cluster:
     def bytes_per_s_of(self, *names: str) -> float:
         """Bytes/s of a transfer between the named devices (or of one device's own link): the slowest of their
         links, a device of no link of its own counting the cluster's bandwidth; with no names, the cluster's."""
-        return min((self.link_mbps_of(self.device(n)) for n in names), default=self.bandwidth_mbps) * 1e6 / 8
+        if names not in self._rates:
+            self._rates[names] = min((self.link_mbps_of(self.device(n)) for n in names), default=self.bandwidth_mbps)
+        return self._rates[names] * 1e6 / 8
 
     def link_mbps_of(self, device: Device) -> float:
         """A device's own link, Mbps: its `link_mbps`, else the cluster's bandwidth."""

@@ -24,8 +24,6 @@ from typing import NamedTuple
 
 import numpy as np
 
-from engine import simkernel
-
 # The schedules a plan may run; "1f1b" runs each backward whole, the others split it into B and W.
 SCHEDULES = ("1f1b", "zb-h1", "zb-h2")
 KINDS = ("F", "B", "W")
@@ -53,12 +51,29 @@ class Action(NamedTuple):
 
 def one_f_one_b(num_stages: int, micro_batches: int) -> dict[int, list[Action]]:
     """The synchronous 1F1B schedule (one flush per iteration) for every stage."""
-    return actions(*codes(num_stages, micro_batches, "1f1b"))
+    if num_stages < 1 or micro_batches < 1:
+        raise ValueError(f"need >= 1 stage and micro-batch, got {num_stages} and {micro_batches}")
+    schedule = {}
+    for s in range(num_stages):
+        warmup = min(num_stages - s - 1, micro_batches)
+        acts = [Action(s, "F", mb) for mb in range(warmup)]
+        fwd, bwd = warmup, 0
+        while bwd < micro_batches:
+            if fwd < micro_batches:
+                acts.append(Action(s, "F", fwd))
+                fwd += 1
+            acts.append(Action(s, "B", bwd))
+            bwd += 1
+        schedule[s] = acts
+    return schedule
 
 
 def codes(num_stages: int, micro_batches: int, name: str, times: list[StageTimes] | None = None):
     """Every stage's list under schedule `name` as two S x n arrays: kinds (indices into KINDS) and micro-batches;
-    a zero-bubble schedule needs the stages' step `times` (`zero_bubble`)."""
+    a zero-bubble schedule needs the stages' step `times` (`zero_bubble`). Compiled: a device's process that runs
+    1F1B never loads numba (about a second)."""
+    from engine import simkernel
+
     S, M = num_stages, micro_batches
     if S < 1 or M < 1:
         raise ValueError(f"need >= 1 stage and micro-batch, got {S} and {M}")
@@ -119,6 +134,8 @@ def _replay(times: list[StageTimes], M: int, warm: list[int], cap: list[int]) ->
     for a forward, while it holds fewer than cap[s] micro-batches; else its oldest deferred W if that W would
     not hold up an input or gradient already on its way, or the cap demands it; else it waits. Stages move in
     order of (clock, stage). The loop runs compiled (engine.simkernel.replay)."""
+    from engine import simkernel
+
     S = len(times)
     end, kinds, mbs = simkernel.replay(
         np.array(times, dtype=np.float64).reshape(S, 5), M, np.array(warm, np.int64), np.array(cap, np.int64)

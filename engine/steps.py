@@ -7,13 +7,13 @@ gradients of that intersection back.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from engine.buckets import Bucket, stage_buckets
 from engine.costmodel import Workload, allreduce_s, link_s
 from engine.devices import LAYER_OVERHEAD_S
 from engine.plan import OFF, Plan, Stage, gradient_bits
-from engine.schedule import Action, StageTimes, actions, codes
+from engine.schedule import Action, StageTimes, actions, codes, one_f_one_b
 
 
 @dataclass(frozen=True)
@@ -86,12 +86,13 @@ def device_steps(plan: Plan, w: Workload) -> dict[str, DeviceSteps]:
                 for peer, a, b in overlaps(lo, hi, ranges[other])
             )
 
+        stage: dict[str, dict] = {}  # each device's fields, until the stage's buckets are known
         for name, lo, hi in ranges[s]:
             dev, n = cluster.device(name), hi - lo
             # Half of a compressed boundary's codec time falls in the forward (activations), half in the backward.
             codec = (w.codec_s(dev, a_in / 4, b_in) + w.codec_s(dev, a_out / 4, b_out)) / 2
             backward = layers * LAYER_OVERHEAD_S + n * (w.backward_s(dev, st.start, st.end) + codec)
-            out[name] = DeviceSteps(
+            stage[name] = dict(
                 name=name,
                 stage=s,
                 lo=lo,
@@ -107,18 +108,20 @@ def device_steps(plan: Plan, w: Workload) -> dict[str, DeviceSteps]:
             )
         # the last gradient step: the last micro-batch's W under a zero-bubble schedule, else its backward
         split = plan.schedule != "1f1b"
-        last = [(out[name].weight_s if split else out[name].backward_s, name) for name in names]
+        last = [(stage[name]["weight_s"] if split else stage[name]["backward_s"], name) for name in names]
         step_s, slowest = max(last)
         buckets = stage_buckets(w, cluster, cluster.device(slowest), st.start, st.end, names, plan.allreduce,
                                 step_s, weights_only=split and s > 0)  # fmt: skip
         for name in names:
-            out[name] = replace(out[name], buckets=buckets)
+            out[name] = DeviceSteps(**stage[name], buckets=buckets)
     return out
 
 
 def stage_actions(plan: Plan, steps: dict[str, DeviceSteps]) -> dict[int, list[Action]]:
     """Every stage's action list under the plan's schedule; a zero-bubble one is built from each stage's slowest
     device's step times, so every process that has the plan's steps builds the same lists."""
+    if plan.schedule == "1f1b":
+        return one_f_one_b(len(plan.stages), plan.micro_batches)
     return actions(*stage_codes(plan, steps))
 
 

@@ -223,6 +223,8 @@ def plan(problem: Problem, progress: bool = False) -> Plan:
     exact = search_size(problem.cluster, problem.workload) <= EXACT_LIMIT
     # Most micro-batches first: they usually win, and a plan found early tightens the bound for the rest.
     options = list(reversed(problem.micro_batch_options))
+    if problem.previous is not None and problem.previous.micro_batches in options:  # a re-plan: its count first
+        options.insert(0, options.pop(options.index(problem.previous.micro_batches)))
     shared: dict = {}
     upper = None
     if problem.workload.num_layers > DEEP_LAYERS:

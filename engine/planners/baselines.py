@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from engine.costmodel import StageTerms, allocate, allreduce_s, stage_terms
 from engine.devices import Device
 from engine.plan import Plan, Share, Stage
@@ -84,35 +86,48 @@ def ftpipehd(problem: Problem) -> Plan:
     w, cluster = problem.workload, problem.cluster
     L = w.num_layers
     devices = sorted(memory_order(cluster)[: min(L, len(cluster.devices))], key=lambda d: -d.memory_bytes)
-    terms: dict[tuple, StageTerms] = {}  # the same for every micro-batch count but where it caps the in-flight count
+    S = len(devices)
+    # A device's terms are those of every device of its class (`device_classes`), and the same for every micro-batch
+    # count but where that count caps the micro-batches in flight: per (class, in flight), each layer range's once.
+    classes = [(d.spec, w.table_key(d)) for d in devices]
+    terms: dict[tuple, tuple[np.ndarray, ...]] = {}
+    upper = np.triu(np.ones((L + 1, L + 1), dtype=bool), 1)
+
+    def ranges(s: int, in_flight: int, lo: int, hi: int) -> tuple[np.ndarray, ...]:
+        """Device s's fixed and per-sample seconds and sample cap as [i, j] arrays, filled for lo <= i < j <= hi."""
+        key = (classes[s], in_flight)
+        if key not in terms:
+            terms[key] = (np.zeros((L + 1, L + 1)), np.zeros((L + 1, L + 1)), np.zeros((L + 1, L + 1)),
+                          np.zeros((L + 1, L + 1), dtype=bool))  # fmt: skip
+        fixed, per, cap, known = terms[key]
+        need = upper.copy()
+        need[:lo], need[:, hi + 1 :] = False, False
+        for i, j in np.argwhere(need & ~known).tolist():
+            t = stage_terms(w, cluster, devices[s], i, j, in_flight)
+            fixed[i, j], per[i, j], cap[i, j] = t.fixed, t.per_sample, t.cap
+        known |= need
+        return fixed, per, cap
 
     def build(M: int):
         m = problem.batch_size // M
-        S = len(devices)
-
-        def cost(s: int, i: int, j: int) -> float:
-            key = (s, i, j, min(S - s, M))
-            if key not in terms:
-                terms[key] = stage_terms(w, cluster, devices[s], i, j, key[3])
-            t = terms[key]
-            return t.fixed + m * t.per_sample if t.cap >= m else math.inf
-
-        # best[s][j]: smallest bottleneck covering layers [0, j) with devices 0..s-1.
-        best = [[math.inf] * (L + 1) for _ in range(S + 1)]
-        cut = [[0] * (L + 1) for _ in range(S + 1)]
-        best[0][0] = 0.0
+        # best[s][j]: smallest bottleneck covering layers [0, j) with devices 0..s-1 (the first i on a tie).
+        best = np.full((S + 1, L + 1), math.inf)
+        cut = np.zeros((S + 1, L + 1), dtype=np.int64)
+        best[0, 0] = 0.0
         for s in range(1, S + 1):
+            fixed, per, cap = ranges(s - 1, min(S - s + 1, M), s - 1, L - (S - s))
+            cost = np.where(cap >= m, fixed + m * per, math.inf)
             for j in range(s, L - (S - s) + 1):
-                for i in range(s - 1, j):
-                    v = max(best[s - 1][i], cost(s - 1, i, j))
-                    if v < best[s][j]:
-                        best[s][j], cut[s][j] = v, i
-        if math.isinf(best[S][L]):  # nothing fits: balance by speed alone, reported as not fitting
+                v = np.maximum(best[s - 1, s - 1 : j], cost[s - 1 : j, j])
+                k = int(np.argmin(v))
+                if v[k] < best[s, j]:
+                    best[s, j], cut[s, j] = v[k], s - 1 + k
+        if math.isinf(best[S, L]):  # nothing fits: balance by speed alone, reported as not fitting
             bounds = _proportional_bounds([d.flops_per_s for d in devices], w.work_prefix)
         else:
             bounds, j = [L], L
             for s in range(S, 0, -1):
-                j = cut[s][j]
+                j = int(cut[s, j])
                 bounds.append(j)
             bounds.reverse()
         return [Stage(bounds[k], bounds[k + 1], (Share(d.name, m),)) for k, d in enumerate(devices)]

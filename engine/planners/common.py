@@ -39,6 +39,9 @@ class Problem:
     schedule: str = "auto"
     # Asteroid: then improve the ranked plan by single moves while one simulates faster (engine.planners.refine).
     refine: bool = True
+    # A re-plan's plan before the change (a loss, a leave, a join): Asteroid searches its micro-batch count first,
+    # which is usually still the best, so its plan bounds the other counts' searches tightly at once.
+    previous: Plan | None = None
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:

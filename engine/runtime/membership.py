@@ -145,7 +145,7 @@ class Membership:
             # keep at most as many samples per pair as the first plan did (the training set's size, or less)
             asked = parse_compression(self.opts.compression or plan_compression(self.plan.compression, self.plan.delta))
             problem = Problem(self._planning_workload(), cluster, self.plan.batch_size, allreduce=self.plan.allreduce,
-                              schedule=self.opts.schedule)  # fmt: skip
+                              schedule=self.opts.schedule, previous=self.generation.plan)  # fmt: skip
             plan = plan_compressed(method, problem, *asked, samples=self.plan.delta_samples or None)
         except NoFeasiblePlan:
             plan = None

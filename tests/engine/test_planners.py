@@ -232,6 +232,25 @@ def test_the_blocked_upper_bound_of_deep_models_keeps_the_optimum(monkeypatch):
     assert bounded >= 20
 
 
+def test_a_replan_told_the_plan_before_the_change_keeps_the_optimum():
+    # A re-plan searches the previous plan's micro-batch count first (here: the plan before the cluster's last
+    # device joined); only the order of the searches changes, so the answers stay the oracle's.
+    led = 0
+    for seed in range(30):
+        problem, plans = solved_instance(seed)
+        oracle, devices = plans["exhaustive"], problem.cluster.devices
+        if oracle is None:
+            continue
+        try:
+            previous = asteroid.plan(replace(problem, cluster=replace(problem.cluster, devices=devices[:-1])))
+        except NoFeasiblePlan:
+            continue
+        led += previous.micro_batches != max(problem.micro_batch_options)  # not the count searched first anyway
+        best = asteroid.plan(replace(problem, previous=previous))
+        assert math.isclose(best.predicted.iteration_s, oracle.predicted.iteration_s, rel_tol=1e-6), seed
+    assert led >= 5, led
+
+
 def test_a_blocked_plan_cuts_only_between_blocks_and_bounds_the_optimum():
     from engine.bench.planner import synthetic_cluster, synthetic_workload
 

@@ -162,3 +162,12 @@ def test_zero_bubble_rejects_bad_arguments():
 def test_held_counts_until_w_where_the_list_has_one():
     assert held(one_f_one_b(4, 8)[0]) == 4
     assert held([Action(0, k, m) for k, m in [("F", 0), ("F", 1), ("B", 0), ("F", 2), ("W", 0)]]) == 3
+
+
+@pytest.mark.parametrize("S, M", [(1, 1), (2, 5), (4, 8), (7, 3), (9, 64)])
+def test_the_simulators_arrays_are_the_runtimes_lists(S, M):
+    # the simulator reads the compiled arrays, a device's process the lists: both must be the same schedule
+    assert schedule.actions(*schedule.codes(S, M, "1f1b")) == one_f_one_b(S, M)
+    times = random_times(np.random.default_rng(S * M), S)
+    for name in ("zb-h1", "zb-h2"):
+        assert schedule.actions(*schedule.codes(S, M, name, times)) == zero_bubble(times, M, name)
