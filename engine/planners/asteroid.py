@@ -12,7 +12,7 @@ fall back to the published space. For each micro-batch count M the DP is over su
 and the iteration time sum + (M - 1) * max + allreduce is minimized at the top (the DP itself runs compiled:
 engine.planners.kernel). A front keeps only
 entries that no other beats for every way of finishing the plan. Inside a stage the micro-batch is
-split by `costmodel.allocate` (proportional to speed, capped by memory, samples moved off the
+split by `allocation.allocate` (proportional to speed, capped by memory, samples moved off the
 straggler). k is there only because stage p of S holds min(S - p, M) micro-batches of activations:
 the search first solves the relaxation that charges every stage one (no k in the state) and keeps
 its plan when that plan fits the real memory; otherwise it runs the full DP.
@@ -41,7 +41,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from engine.costmodel import allocate, allreduce_s, stage_terms
+from engine.allocation import allocate
+from engine.costmodel import allreduce_s, stage_terms
 from engine.plan import Plan, Share, Stage
 from engine.planners import baselines, kernel, stagecosts
 from engine.planners.common import (
@@ -120,7 +121,7 @@ class _Search:
         return self.terms_cache[key]
 
     def split(self, i: int, j: int, g: tuple[int, ...], in_flight: int):
-        """(time, all-reduce, per-class shares) of the best memory-capped split (`costmodel.allocate`)."""
+        """(time, all-reduce, per-class shares) of the best memory-capped split (`allocation.allocate`)."""
         ks = [k for k, c in enumerate(g) if c]
         res = allocate([self.terms(k, i, j, in_flight) for k in ks], [g[k] for k in ks], self.m)
         if res is None:

@@ -10,7 +10,8 @@ import math
 
 import numpy as np
 
-from engine.costmodel import StageTerms, allocate, allreduce_s, stage_terms
+from engine.allocation import StageTerms, allocate
+from engine.costmodel import allreduce_s, stage_terms
 from engine.devices import Device
 from engine.plan import Plan, Share, Stage
 from engine.planners.common import NoFeasiblePlan, Problem, best_plan, finish, memory_order

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import itertools
 
-from engine.costmodel import allocate, stage_terms
+from engine.allocation import allocate
+from engine.costmodel import stage_terms
 from engine.errors import UserError
 from engine.plan import Plan, Share, Stage
 from engine.planners.common import NoFeasiblePlan, Problem, best_plan, device_classes, finish

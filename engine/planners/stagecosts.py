@@ -1,6 +1,6 @@
 """Stage times for the compiled search (engine.planners.kernel): the cost model's arithmetic over prefix tables.
 
-The same expressions, in the same order, as `costmodel.stage_terms`, `costmodel.allocate`, `costmodel.allreduce_s`
+The same expressions, in the same order, as `costmodel.stage_terms`, `allocation.allocate`, `costmodel.allreduce_s`
 and the closed-form split of `asteroid` documents, so compiled and Python agree to the last bit; `tables` builds
 the arrays once per micro-batch count.
 """
@@ -13,13 +13,14 @@ from collections import namedtuple
 import numpy as np
 from numba import njit
 
-from engine.costmodel import DEFAULT_CODEC_WORK, stage_fixed_s, water_fill
+from engine.allocation import water_fill
+from engine.costmodel import DEFAULT_CODEC_WORK, stage_fixed_s
 from engine.devices import LAYER_OVERHEAD_S
 from engine.plan import ALLREDUCE, OFF, gradient_bits
 
 NO_CAP = 1 << 30  # "no memory limit" in sample counts, as in engine.costmodel.stage_terms
 
-_water_fill = njit(cache=True)(water_fill)  # costmodel.allocate's split, compiled
+_water_fill = njit(cache=True)(water_fill)  # allocation.allocate's split, compiled
 
 
 @njit(cache=True)
@@ -71,7 +72,7 @@ def memory_free(t, i, j, g):
     With identical devices per class the optimum has a closed form: every device's time is fixed + n * c_k, so the
     stage time is fixed + t for the least t on some class's grid q * c_k with sum_k count_k * floor(t / c_k) >= m,
     at least one sample per device. t lies between the fractional water level and that plus one sample of the
-    slowest class; the same products as `costmodel.allocate`'s, so the times agree exactly (the planner's tests
+    slowest class; the same products as `allocation.allocate`'s, so the times agree exactly (the planner's tests
     check it). Memory only caps the in-flight micro-batches: while this split fits, it is the optimum.
     """
     K, m = t.K, t.m
@@ -132,7 +133,7 @@ def memory_free(t, i, j, g):
 
 @njit(cache=True)
 def allocate_time(t, i, j, g, in_flight):
-    """The stage time of `costmodel.allocate` (memory-capped split) for group g, or -1 when it cannot fit."""
+    """The stage time of `allocation.allocate` (memory-capped split) for group g, or -1 when it cannot fit."""
     K, m = t.K, t.m
     static, saved, peak, memory = t.static, t.saved, t.peak, t.memory
     fixed = _fixed(t, i, j)
