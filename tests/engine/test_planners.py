@@ -251,6 +251,31 @@ def test_a_replan_told_the_plan_before_the_change_keeps_the_optimum():
     assert led >= 5, led
 
 
+def test_a_replan_after_a_loss_keeps_the_optimum():
+    # After a loss the first bound is the previous plan's time over the share of its devices' speed still here:
+    # a guess, so rounds may start above the new optimum, yet the answer stays the exhaustive search's.
+    from engine.planners import make_plan
+
+    checked = 0
+    for seed in range(30):
+        problem, plans = solved_instance(seed)
+        previous, devices = plans["asteroid"], problem.cluster.devices
+        if previous is None or len(devices) < 2:
+            continue
+        lost = previous.stages[0].devices[0].name  # a device the previous plan used
+        smaller = replace(
+            problem, cluster=replace(problem.cluster, devices=tuple(d for d in devices if d.name != lost))
+        )
+        try:
+            oracle = make_plan("exhaustive", smaller)
+        except NoFeasiblePlan:
+            continue
+        best = asteroid.plan(replace(smaller, previous=previous))
+        assert math.isclose(best.predicted.iteration_s, oracle.predicted.iteration_s, rel_tol=1e-6), seed
+        checked += 1
+    assert checked >= 10, checked
+
+
 def test_a_blocked_plan_cuts_only_between_blocks_and_bounds_the_optimum():
     from engine.bench.planner import synthetic_cluster, synthetic_workload
 
