@@ -294,7 +294,8 @@ def _rank(problem: Problem, searches: list[_Search], best: Plan, exact: bool, pr
 def _optimise(problem: Problem, searches: list[_Search], progress: bool, upper: tuple | None = None) -> tuple:
     """The best (time, search, layout) over every micro-batch count, in rounds of loosening bounds; `upper`, a
     (time, ...) of a plan in the searches' space, caps the rounds. A re-plan (`problem.previous`) first bounds the
-    leading count by the previous plan's time, where the new optimum usually is within a few per cent, and then
+    leading count by about the previous plan's time (`_first_guess`), where the new optimum usually is within a few
+    per cent, and then
     loosens by NEAR_GROWTH up to LEAD_GROWTH above it: a round or two close to the optimum instead of rounds from far
     below it and a last one up to LEAD_GROWTH above it (64 boards x 50 layers: 2.0 s, of which the last round took
     0.86 s). Past that it steps on as any search does."""
