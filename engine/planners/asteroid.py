@@ -295,10 +295,9 @@ def _optimise(problem: Problem, searches: list[_Search], progress: bool, upper: 
     """The best (time, search, layout) over every micro-batch count, in rounds of loosening bounds; `upper`, a
     (time, ...) of a plan in the searches' space, caps the rounds. A re-plan (`problem.previous`) first bounds the
     leading count by about the previous plan's time (`_first_guess`), where the new optimum usually is within a few
-    per cent, and then
-    loosens by NEAR_GROWTH up to LEAD_GROWTH above it: a round or two close to the optimum instead of rounds from far
-    below it and a last one up to LEAD_GROWTH above it (64 boards x 50 layers: 2.0 s, of which the last round took
-    0.86 s). Past that it steps on as any search does."""
+    per cent, and then loosens by NEAR_GROWTH up to LEAD_GROWTH above it: a round or two close to the optimum
+    instead of rounds from far below it and a last one up to LEAD_GROWTH above it (64 boards x 50 layers: 2.0 s, of
+    which the last round took 0.86 s). Past that it steps on as any search does."""
     # A round searches for plans with T <= bound; the best plan of the first round that finds any is optimal, as
     # every better plan was inside the bound too. Total work over total speed bounds T from below; data
     # parallelism, when it fits, from above. Step between them geometrically, close to the lower bound: a round
