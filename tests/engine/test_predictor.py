@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 
 from engine.predictor.adapt import DeviceModel, predicted_times
+from engine.predictor.completion import complete, fit_columns
 from engine.predictor.configs import CONFIGS
 from engine.predictor.features import LAYER_FEATURES, layer_features, work_mix
 from engine.predictor.measure import MEASUREMENTS, layer_times, load, measure, pinned
 from engine.predictor.model import MODEL_FILE, Predictor, load_predictor
-from engine.predictor.probe import PROBE_BATCH, PROBE_KEYS, check, from_measurements, run_probe
+from engine.predictor.probe import PROBE_BATCH, PROBE_KEYS, check, from_measurements, probe_vector, run_probe
 
 MODELS = ("mobilenetv2", "vgg16", "resnet50", "gpt-small", "bert-small")  # every model the probe touches
 
@@ -97,6 +98,36 @@ def test_the_predictor_fits_a_generated_table_and_adapts_to_a_held_out_device(ge
         errors["adapted"].append(_error(DeviceModel.from_probe(probe, predictor).predict(model, 8), truth))
     assert np.median(errors["adapted"]) < 0.25
     assert np.median(errors["adapted"]) <= np.median(errors["base"]) + 1e-9
+
+
+def test_the_completion_fills_a_new_devices_row_from_its_probe(generated):
+    # Configurations whose log layer times are a common cost plus two traits of the device: a held-out one's
+    # whole row (every layer of every model, both micro-batches) follows from its probe's 20 entries.
+    rng = np.random.default_rng(0)
+    counts = {m: len(v["8"]) for m, v in generated["configs"]["a"].items()}
+    cost = {(m, mb): rng.normal(-9.0, 1.0, (n, 2)) for m, n in counts.items() for mb in ("2", "8")}
+    traits = {k: rng.normal(0.0, 0.5, (*v.shape, 2)) for k, v in cost.items()}
+
+    def config(a):
+        return {m: {mb: np.exp(cost[(m, mb)] + traits[(m, mb)] @ a).tolist() for mb in ("2", "8")} for m in counts}
+
+    doc = {"configs": {f"c{i}": config(rng.normal(0.0, 1.0, 2)) for i in range(6)}}
+    columns = fit_columns(doc, ["c0", "c1", "c2", "c3", "c4"])
+    held = doc["configs"]["c5"]
+    plog = probe_vector(from_measurements({m: v[str(PROBE_BATCH)] for m, v in held.items()}))
+    worst = 0.0
+    for m, by_batch in held.items():
+        for mb, times in by_batch.items():
+            truth = np.log(np.asarray(times).T.ravel())
+            worst = max(worst, float(np.abs(complete(columns, m, int(mb), plog) - truth).max()))
+    assert worst < 0.05  # log seconds: within 5 % on every layer (the ridge pulls the weights a little to 0)
+    mean_only = {k: (mean, 0 * factors) for k, (mean, factors) in columns.items()}  # no device traits
+    assert (
+        np.abs(complete(mean_only, "resnet50", 2, plog) - np.log(np.asarray(held["resnet50"]["2"]).T.ravel())).max()
+        > 0.1
+    )
+    assert complete(columns, "resnet50", 4, plog) is None  # no column measured at that micro-batch
+    assert fit_columns(doc, ["c0"]) == {}  # one configuration: nothing to factor
 
 
 def test_a_continual_update_moves_the_stage_toward_what_was_measured(generated):
