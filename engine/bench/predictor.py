@@ -2,7 +2,8 @@
 
 For each measured configuration in turn, the predictor is fitted on the others and the held-out one is known only
 by its probe. Methods: flops (FLOPs / the probe's FLOP rate), scaled (a reference configuration's measured times
-times one factor from the probe: how the engine scales a known kind today), predictor (no adaptation), adapted
+times one factor from the probe: how the engine scales a known kind today), regressor and completion (each half of
+the predictor alone, no adaptation: what their average adds), predictor (no adaptation), adapted
 (its correction fitted on the probe), continual (then updated with the measured step time of one stage of the
 model being trained). And the floor under all of them: the same configuration measured twice ("re-measured").
 Plans: the Asteroid planner on two held-out devices and two reference ones, from each method's tables, scored
@@ -11,23 +12,36 @@ with the held-out device's true times.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from engine.predictor.adapt import DeviceModel
+from engine.predictor.completion import complete
 from engine.predictor.features import LAYER_FEATURES, layer_features
 from engine.predictor.model import Predictor
-from engine.predictor.probe import PROBE_BATCH, PROBE_KEYS, from_measurements
+from engine.predictor.probe import PROBE_BATCH, PROBE_KEYS, from_measurements, probe_vector
 from engine.progress import Progress
 
-METHODS = ("flops", "scaled", "predictor", "adapted", "continual")
+METHODS = ("flops", "scaled", "regressor", "completion", "predictor", "adapted", "continual")
 NOISE = "re-measured"  # the same configuration measured again (python -m engine.predictor measure --repeat)
 REFERENCE = "fp32-1t"  # what the engine profiles on (one thread, float32)
 STAGES = (2, 3, 4)  # stage errors: every stage of even splits of each model into this many stages
 PLAN_BATCH = 32
 FWD, BWD = LAYER_FEATURES.index("fwd_flops"), LAYER_FEATURES.index("bwd_flops")
+
+
+@dataclass
+class _CompletionOnly:
+    """A predictor's low-rank completion without its regressor, as DeviceModel asks a predictor."""
+
+    predictor: Predictor
+
+    def predict(self, model: str, micro_batch: int, probe: dict) -> tuple[np.ndarray, np.ndarray]:
+        y = np.exp(complete(self.predictor.columns, model, micro_batch, probe_vector(probe)))
+        n = len(y) // 2
+        return y[:n], y[n:]
 
 
 @dataclass
@@ -100,6 +114,10 @@ def evaluate(doc: dict, held_out: str, plans: bool = True) -> dict[str, Scores]:
     scores = {m: Scores([], [], []) for m in (*METHODS, NOISE)}
     probed = {(k.split(":")[0], int(k.split(":")[1])) for k in PROBE_KEYS}
     adapted = DeviceModel.from_probe(probe, predictor)
+    halves = {
+        "regressor": DeviceModel.from_probe(probe, replace(predictor, columns={}), adapt=False),
+        "completion": DeviceModel.from_probe(probe, _CompletionOnly(predictor), adapt=False),
+    }
     for model, by_batch in measured.items():
         if model not in doc["configs"][reference]:
             continue
@@ -114,6 +132,7 @@ def evaluate(doc: dict, held_out: str, plans: bool = True) -> dict[str, Scores]:
             guesses = {
                 "flops": _flops(model, probe),
                 "scaled": _scaled(doc, reference, model, mb, probe),
+                **{name: half.predict(model, mb) for name, half in halves.items()},
                 "predictor": DeviceModel.from_probe(probe, predictor, adapt=False).predict(model, mb),
                 "adapted": adapted.predict(model, mb),
                 "continual": continual.predict(model, mb),
