@@ -13,16 +13,26 @@ after MAX_SIMULATIONS simulations (a deterministic bound, so a plan is repeatabl
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from engine.costmodel import Workload, score
-from engine.plan import Plan, Share, Stage
+from engine.plan import Plan, Prediction, Share, Stage
 from engine.planners.common import busy_bound
 from engine.simulator import simulate
 from engine.steps import device_steps
 
 MAX_SIMULATIONS = 300
 GAIN = 1e-6  # a move must simulate at least this share faster: ties and float noise do not move the plan
+
+
+@dataclass
+class _Known:
+    """What a refinement worked out about one candidate plan, each part when it first needed it."""
+
+    prediction: Prediction
+    steps: dict | None = None
+    bound: float | None = None  # its busiest device's compute alone (`common.busy_bound`)
+    simulated_s: float | None = None
 
 
 def refine(
@@ -42,22 +52,25 @@ def refine(
             if spent >= budget:
                 break
             candidate = replace(best, stages=stages, predicted=None)
-            if candidate not in seen:  # its prediction, its steps, its busiest device's bound, its simulated time
-                seen[candidate] = [score(candidate, w), None, None, None]
+            if candidate not in seen:
+                seen[candidate] = _Known(score(candidate, w))
             known = seen[candidate]
-            if not known[0].fits:
+            if not known.prediction.fits:
                 continue
             beat = best.predicted.simulated_s * (1 - GAIN) if found is None else found[0]
-            if known[2] is None:
-                known[1] = device_steps(candidate, w)
-                known[2] = busy_bound(candidate, w, known[1])
-            if known[2] >= beat:  # its busiest device alone takes longer: it cannot win
+            if known.bound is None:
+                known.steps = device_steps(candidate, w)
+                known.bound = busy_bound(candidate, w, known.steps)
+            if known.bound >= beat:  # its busiest device alone takes longer: it cannot win
                 continue
             spent += 1
-            if known[3] is None:
-                known[3] = simulate(candidate, w, timeline=False, known=(known[0], known[1])).iteration_s
-            if known[3] < beat:
-                found = (known[3], candidate.with_prediction(replace(known[0], simulated_s=known[3])))
+            if known.simulated_s is None:
+                known.simulated_s = simulate(
+                    candidate, w, timeline=False, known=(known.prediction, known.steps)
+                ).iteration_s
+            if known.simulated_s < beat:
+                t = known.simulated_s
+                found = (t, candidate.with_prediction(replace(known.prediction, simulated_s=t)))
         if found is None:
             break
         best = found[1]
