@@ -8,8 +8,9 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 django_asgi = get_asgi_application()  # before importing anything that touches models
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.security.websocket import WebsocketDenier  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
-from django.urls import path  # noqa: E402
+from django.urls import path, re_path  # noqa: E402
 
 from webapp.accounts.sockets import SessionOrToken  # noqa: E402
 from webapp.agents.consumers import AgentConsumer  # noqa: E402
@@ -20,6 +21,8 @@ websocket = URLRouter(
         # Agents: no browser, no Origin header, no cookie; the device credential authenticates them.
         path("ws/agent/", AgentConsumer.as_asgi()),
         path("ws/jobs/<int:job_id>/", SessionOrToken(JobConsumer.as_asgi())),
+        # any other path: the handshake refused (HTTP 403), not a "No route found" error and its traceback
+        re_path(r"", WebsocketDenier.as_asgi()),
     ]
 )
 

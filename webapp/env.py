@@ -122,6 +122,23 @@ def site_url(host: str, port: int, name: str = "ASTEROID_SITE_URL") -> str:
     return value
 
 
+def env_dir(name: str, default: Path) -> Path:
+    """A folder this process can write in, created (with its parents) when missing."""
+    path = Path(env_str(name) or default)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise ImproperlyConfigured(f"{name}={str(path)!r} is a file, not a folder; set it to a folder") from None
+    except OSError as exc:
+        why = exc.strerror or type(exc).__name__
+        raise ImproperlyConfigured(
+            f"{name}={str(path)!r} cannot be created: {why}; set it to a writable folder"
+        ) from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ImproperlyConfigured(f"{name}={str(path)!r} is not writable by this user; set it to a writable folder")
+    return path
+
+
 def env_list(name: str, default: list[str]) -> list[str]:
     """A comma-separated list; blank items are dropped."""
     value = env_str(name)

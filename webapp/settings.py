@@ -12,6 +12,7 @@ from webapp.env import (
     WILDCARDS,
     database_config,
     env_bool,
+    env_dir,
     env_host,
     env_int,
     env_list,
@@ -25,7 +26,7 @@ from webapp.env import (
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 # Runtime files: SQLite database, dev secret key, embedded Redis, agents' credentials, job files, collected static.
-VAR_DIR = Path(env_str("ASTEROID_VAR_DIR", str(BASE_DIR / "var")))
+VAR_DIR = env_dir("ASTEROID_VAR_DIR", BASE_DIR / "var")  # created when missing
 
 DEBUG = env_bool("DJANGO_DEBUG", True)
 SECRET_KEY = secret_key(DEBUG, VAR_DIR / "secret_key")
@@ -88,7 +89,6 @@ TEMPLATES = [
 
 DATABASES = {"default": database_config(env_str("DATABASE_URL", f"sqlite:///{VAR_DIR / 'db.sqlite3'}"))}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
-    VAR_DIR.mkdir(parents=True, exist_ok=True)
     # Several processes write at once (daphne's agent sockets, the Celery worker): WAL lets readers go on
     # while one writes, IMMEDIATE transactions take the write lock up front (a deferred one that upgrades
     # fails with "database is locked" without waiting), and a writer waits up to 20 s for the lock.
@@ -197,6 +197,13 @@ if ASTEROID_COORDINATORS > 1 and DATABASES["default"]["ENGINE"] == "django.db.ba
         f"ASTEROID_COORDINATORS={ASTEROID_COORDINATORS} needs PostgreSQL (DATABASE_URL=postgres://...): SQLite "
         "takes one writer at a time"
     )
+# The store gateways (one per coordinators process, from ASTEROID_STORE_PORT on) and the site need ports of their own.
+if ASTEROID_STORE_PORT <= ASTEROID_PORT < ASTEROID_STORE_PORT + ASTEROID_COORDINATORS:
+    _ports = f"ASTEROID_STORE_PORT={ASTEROID_STORE_PORT} and ASTEROID_PORT={ASTEROID_PORT} must differ"
+    if ASTEROID_COORDINATORS > 1:
+        _ports = (f"ASTEROID_PORT={ASTEROID_PORT} must not be one of the store gateways' ports {ASTEROID_STORE_PORT}-"
+                  f"{ASTEROID_STORE_PORT + ASTEROID_COORDINATORS - 1}")  # fmt: skip
+    raise ImproperlyConfigured(f"{_ports}; unset ASTEROID_STORE_PORT (the default is ASTEROID_PORT + 1) or change it")
 # How many daphne processes serve ASTEROID_PORT (one listening socket, shared) and how many Celery workers plan
 # jobs (docs/deployment.md); the channel layer is on Redis, the sessions in the database: any serves any request.
 ASTEROID_DAPHNES = env_int("ASTEROID_DAPHNES", 1, minimum=1)

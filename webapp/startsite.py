@@ -3,13 +3,14 @@
 It serves on ASTEROID_HOST (default 127.0.0.1; a lab sets its LAN address, docs/deployment.md) at ASTEROID_PORT,
 and the jobs' store gateway on ASTEROID_STORE_PORT of the same address.
 
-Starts an embedded Redis unless REDIS_URL is set, applies migrations, makes sure an `admin` account exists,
+It takes its var dir's lock (one launcher per ASTEROID_VAR_DIR: webapp/launchlock.py), starts an embedded Redis
+unless REDIS_URL is set (else checks that one answers), applies migrations, makes sure an `admin` account exists,
 then runs daphne (webapp.asgi), a Celery worker with beat (planning, health checks), the jobs' coordinators
 (`manage.py coordinators`) and one emulated device
 agent per device of cluster `ASTEROID_CLUSTER` (default C; `none` for no agents), until Ctrl-C or SIGTERM,
 and stops everything it started. The agents enroll like real boards: the launcher registers their devices
 and hands each a one-time enrollment token; their credentials are kept in var/agents/. Settings are read
-through webapp/env.py.
+through webapp/env.py; a bad one, a busy port or var dir stops it with one `error:` line and exit status 2.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from django.core.exceptions import ImproperlyConfigured
 from engine.errors import UserError
 from webapp.children import CrashLoop, Supervised, stop
 from webapp.embedded_redis import EmbeddedRedis, RedisStartError
-from webapp.env import WILDCARDS, env_choice, env_str, url_host
+from webapp.env import WILDCARDS, env_choice, env_str, redact, url_host
+from webapp.launchlock import VarDirBusy, lock_var_dir
 from workers.enroll import State, load_state, save_state
 
 ADMIN = "admin"
@@ -118,6 +120,27 @@ def setup_django() -> None:
     import django
 
     django.setup()
+
+
+def check_redis(url: str, timeout: float = 3.0) -> None:
+    """Fail with one line unless the Redis at `url` (REDIS_URL) answers a PING within `timeout` seconds: without
+    it no child could work, and each would fill the log with connection errors."""
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    try:
+        client = redis.Redis.from_url(
+            url, socket_connect_timeout=timeout, socket_timeout=timeout, retry=Retry(NoBackoff(), 0)
+        )
+        with client:
+            client.ping()
+    except (redis.RedisError, OSError, ValueError) as exc:
+        why = str(exc).strip().splitlines()[0].rstrip(".") if str(exc).strip() else type(exc).__name__
+        raise StartError(
+            f"REDIS_URL={redact(url)} does not answer: {why}; start that Redis, or unset REDIS_URL to use an "
+            "embedded one"
+        ) from None
 
 
 def migrate() -> None:
@@ -285,25 +308,28 @@ def main(argv: list[str] | None = None) -> int:
     build_parser().parse_args(argv)  # --help, and a one-line error for anything else
     signal.signal(signal.SIGINT, _on_signal)
     signal.signal(signal.SIGTERM, _on_signal)
-    redis = listener = None
+    redis = listener = lock = None
     try:
         setup_django()  # reads every setting: a bad one fails here, before anything starts
         from django.conf import settings
 
+        lock = lock_var_dir(settings.VAR_DIR)  # before anything in it is touched: one launcher per var dir
         listener = listen(settings.ASTEROID_HOST, settings.ASTEROID_PORT)
         for i in range(settings.ASTEROID_COORDINATORS):  # a store gateway per coordinators process
             check_port_free(settings.ASTEROID_HOST, settings.ASTEROID_STORE_PORT + i, "ASTEROID_STORE_PORT")
         cluster = cluster_from_env()
         redis_url, redis_note = settings.REDIS_URL, "from REDIS_URL"
-        if not redis_url:
+        if redis_url:
+            check_redis(redis_url)
+        else:
             redis = EmbeddedRedis(settings.VAR_DIR / "redis")
             redis_url, redis_note = redis.start(), "embedded, stops with this launcher"
         migrate()
         password = ensure_admin()
         return serve(listener, redis_url, redis_note, password, cluster)
-    except (StartError, ImproperlyConfigured, RedisStartError, UserError) as exc:
+    except (StartError, ImproperlyConfigured, RedisStartError, UserError, VarDirBusy) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return 2
     except Stop:
         return 0
     finally:
@@ -313,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
             redis.stop()
         if listener is not None:
             listener.close()
+        if lock is not None:
+            os.close(lock)  # last: everything it started has stopped
 
 
 if __name__ == "__main__":

@@ -69,3 +69,17 @@ def test_a_success_clears_the_failures(client, bob):
     for _ in range(4):
         assert client.post("/accounts/login/", {"username": "bob", "password": "nope"}).status_code == 200
     assert client.post("/accounts/login/", {"username": "bob", "password": PASSWORD}).status_code == 302
+
+
+STAFF_PAGES = [("get", "/devices/add/"), ("post", "/devices/1/token/"), ("post", "/devices/1/disable/"),
+               ("post", "/devices/1/enable/"), ("post", "/devices/1/remove/"), ("get", "/users/"),
+               ("post", "/users/invitations/1/revoke/"), ("post", "/jobs/1/devices/kill/")]  # fmt: skip
+
+
+@pytest.mark.parametrize("method, path", STAFF_PAGES)
+def test_staff_pages_refuse_a_user_with_403_and_send_a_visitor_to_the_login(client, bob, method, path):
+    # regression: both were sent to Django admin's login page (302 /admin/login/), a user as if logged out
+    assert getattr(Client(), method)(path)["Location"] == f"/accounts/login/?next={path}"
+    client.force_login(bob)
+    refused = getattr(client, method)(path)
+    assert refused.status_code == 403 and "Only staff members may do this." in refused.content.decode()

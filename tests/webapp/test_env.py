@@ -192,3 +192,15 @@ def test_env_str_keeps_spaces_when_asked(monkeypatch):
     monkeypatch.setenv("X_SECRET", " pass word ")
     assert env.env_str("X_SECRET") == "pass word"
     assert env.env_str("X_SECRET", strip=False) == " pass word "
+
+
+def test_env_dir_makes_the_folder_or_says_why_it_cannot(monkeypatch, tmp_path):
+    monkeypatch.delenv("X_DIR", raising=False)
+    assert env.env_dir("X_DIR", tmp_path / "a" / "b") == tmp_path / "a" / "b" and (tmp_path / "a" / "b").is_dir()
+    (tmp_path / "afile").write_text("")
+    monkeypatch.setenv("X_DIR", str(tmp_path / "afile"))
+    with pytest.raises(ImproperlyConfigured, match=r"^X_DIR='.*afile' is a file, not a folder; set it to a folder$"):
+        env.env_dir("X_DIR", tmp_path)
+    monkeypatch.setenv("X_DIR", str(tmp_path / "afile" / "sub"))
+    with pytest.raises(ImproperlyConfigured, match=r"X_DIR='.*sub' cannot be created: Not a directory; set it to"):
+        env.env_dir("X_DIR", tmp_path)

@@ -104,6 +104,17 @@ def test_jobs_compared_side_by_side(client, bob, carol):
     assert "Tick 2 to" in client.get("/jobs/compare/", {"jobs": [a.pk, b.pk]}, follow=True).content.decode()
 
 
+def test_a_job_number_past_the_database_range_is_an_unknown_job_not_a_500(client, bob):
+    # regression: ?jobs=1&jobs=99999999999999999999999 raised OverflowError (HTTP 500) in the database driver
+    a, b = finished(bob), finished(bob)
+    client.force_login(bob)
+    huge = "9" * 23
+    refused = client.get("/jobs/compare/", {"jobs": [a.pk, huge]}, follow=True)
+    assert refused.status_code == 200 and "Tick 2 to" in refused.content.decode()
+    page = client.get("/jobs/compare/", {"jobs": [a.pk, b.pk, huge, str(2**63)]})
+    assert page.status_code == 200 and f"Job {a.pk}" in page.content.decode()
+
+
 def test_the_list_shows_the_measured_figure_of_the_live_page_and_progress(client, bob):
     job = finished(bob)
     iterations(job, [2.0, 1.5, 1.2], 40.0)

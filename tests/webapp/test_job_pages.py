@@ -81,6 +81,7 @@ def test_finished_job_offers_model_and_trace(client, bob, settings):
     download = client.get(f"/jobs/{job.pk}/model.pt")
     assert b"".join(download.streaming_content) == b"weights"
     assert "attachment" in download["Content-Disposition"]
+    assert download["Content-Type"] == "application/octet-stream"  # not what mimetypes guesses for .pt
 
 
 def test_the_live_page_has_a_held_out_chart_only_for_an_evaluated_job(client, bob):

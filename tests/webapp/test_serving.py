@@ -80,7 +80,7 @@ def test_an_address_not_of_this_machine_is_one_line(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "webapp.startsite"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
     )
-    assert out.returncode == 1
+    assert out.returncode == 2
     assert out.stderr.strip() == (
         "error: ASTEROID_HOST=198.18.250.250 is not an address of this machine; use one that `ip addr` lists"
     )

@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import logging
 
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
@@ -252,7 +253,9 @@ def test_device_error_fails_the_job_and_cancels_the_others(bob):
         for ws, name in ((ws_a, "nx-0"), (ws_b, "tx2-0")):
             await ws.connect()
             await say(ws, {**HELLO, "session": name})
-        error = {"type": "device-error", "device": "tx2-0", "iteration": 1, "message": "died (SIGKILL)", "cause": "own"}
+        # its process crashed: the engine sends the traceback of what is neither a user's mistake nor a lost peer
+        error = {"type": "device-error", "device": "tx2-0", "iteration": 1, "message": "CUDA error: an assert",
+                 "cause": "own", "traceback": "Traceback (most recent call last): ..."}  # fmt: skip
         await ws_b.send_json_to({"type": "events", "events": [{"seq": 1, "job": job.pk, "event": error}]})
         assert await ws_a.receive_json_from(5) == {"type": "cancel", "job": job.pk}
         await ws_a.disconnect()
@@ -260,8 +263,50 @@ def test_device_error_fails_the_job_and_cancels_the_others(bob):
 
     async_to_sync(run)()
     job.refresh_from_db()
-    assert job.status == "failed" and job.message == "device tx2-0 failed during iteration 2: died (SIGKILL)"
-    assert Device.objects.get(name="tx2-0").status == "failed"
+    assert job.status == "failed" and job.message == "device tx2-0 failed during iteration 2: CUDA error: an assert"
+    assert Device.objects.get(name="tx2-0").status == "failed"  # until staff enable it (or its agent starts again)
+
+
+def test_a_job_failed_by_a_users_mistake_leaves_its_devices_online(bob):
+    # regression: a job whose dataset was missing on the boards failed ("CIFAR-10 not found in ..."), and each
+    # device that said so stayed `failed`, taking no new job, while its agent went on heartbeating
+    a, cred_a = enrolled("nx-0", "jetson-xavier-nx")
+    b, cred_b = enrolled("tx2-0")
+    job = running_job(bob, [a, b])
+    missing = "CIFAR-10 not found in /data: missing data_batch_1; put the python-version batch files there"
+
+    async def run():
+        ws_a, ws_b = agent_socket(cred_a), agent_socket(cred_b)
+        for ws, name in ((ws_a, "nx-0"), (ws_b, "tx2-0")):
+            await ws.connect()
+            await say(ws, {**HELLO, "session": name})
+        error = {"type": "device-error", "device": "tx2-0", "iteration": -1, "message": missing, "cause": "own",
+                 "traceback": ""}  # fmt: skip
+        await ws_b.send_json_to({"type": "events", "events": [{"seq": 1, "job": job.pk, "event": error}]})
+        assert await ws_b.receive_json_from(5) == {"type": "ack", "seq": 1}
+        assert await ws_a.receive_json_from(5) == {"type": "cancel", "job": job.pk}
+        devices = await sync_to_async(list)(Device.objects.order_by("name").values_list("name", "status", "job"))
+        await ws_a.disconnect()
+        await ws_b.disconnect()
+        return devices
+
+    assert async_to_sync(run)() == [("nx-0", "online", None), ("tx2-0", "online", None)]  # ready for the next job
+    job.refresh_from_db()
+    assert job.status == "failed" and job.message == f"device tx2-0 failed while starting: {missing}"
+    assert JobDevice.objects.get(job=job, name="tx2-0").state == "failed"  # its part of the job failed
+
+
+def test_a_socket_to_an_unknown_path_is_refused_without_an_error(caplog):
+    # regression: ws://HOST/ws/nothing/ was HTTP 500, with "ValueError: No route found for path" and its traceback
+    async def run():
+        for path in ("/ws/nothing/", "/ws/jobs/abc/", "/ws/agent/extra/", "/"):
+            ws = WebsocketCommunicator(application, path)
+            connected, _ = await ws.connect()
+            assert not connected, path
+            await ws.disconnect()
+
+    async_to_sync(run)()
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
 def test_job_socket_owner_staff_and_strangers(bob, carol, alice):

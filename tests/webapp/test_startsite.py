@@ -87,8 +87,16 @@ def alive(pid: int) -> bool:
         ({"ASTEROID_PORT": "80000"}, "error: ASTEROID_PORT='80000' is not a TCP port (1-65535)"),
         ({"DJANGO_DEBUG": "sometimes"}, "error: DJANGO_DEBUG='sometimes' is not a boolean"),
         ({"ASTEROID_CLUSTER": "Z"}, "error: ASTEROID_CLUSTER='Z' is not a built-in cluster; use one of A, B, C, D"),
+        # regressions: a traceback (NotADirectoryError) for a var dir that cannot be one
+        ({"ASTEROID_VAR_DIR": "/proc/nope"}, "error: ASTEROID_VAR_DIR='/proc/nope' cannot be created: "),
+        ({"ASTEROID_VAR_DIR": __file__}, f"error: ASTEROID_VAR_DIR={__file__!r} is a file, not a folder"),
+        # ... "port 8020 on 127.0.0.1 is in use" for the site's own port given to the store gateway
+        ({"ASTEROID_PORT": "8020", "ASTEROID_STORE_PORT": "8020"},
+         "error: ASTEROID_STORE_PORT=8020 and ASTEROID_PORT=8020 must differ; unset ASTEROID_STORE_PORT"),
+        # ... and a Redis that does not answer: "Asteroid is running", then a log full of connection errors
+        ({"REDIS_URL": "redis://127.0.0.1:1/0"}, "error: REDIS_URL=redis://127.0.0.1:1/0 does not answer: "),
     ],
-)
+)  # fmt: skip
 def test_bad_setting_is_one_line_and_nonzero(tmp_path, extra, message):
     out = subprocess.run(
         [sys.executable, "-m", "webapp.startsite"],
@@ -98,7 +106,7 @@ def test_bad_setting_is_one_line_and_nonzero(tmp_path, extra, message):
         text=True,
         timeout=60,
     )
-    assert out.returncode == 1
+    assert out.returncode == 2
     assert out.stderr.startswith(message)
     assert len(out.stderr.strip().splitlines()) == 1
     assert "Traceback" not in out.stdout + out.stderr

@@ -60,9 +60,9 @@ def test_a_staff_invitation_makes_staff_and_an_expired_or_revoked_one_nothing(cl
 
 def test_only_staff_see_users_and_invite(client, bob):
     client.force_login(bob)
-    assert client.get("/users/").status_code == 302  # to the admin login: not for users
-    assert client.post("/users/").status_code == 302 and not Invitation.objects.exists()
-    assert Client().get("/users/").status_code == 302
+    assert client.get("/users/").status_code == 403  # not for users
+    assert client.post("/users/").status_code == 403 and not Invitation.objects.exists()
+    assert Client().get("/users/")["Location"] == "/accounts/login/?next=/users/"
 
 
 def test_the_invite_command_prints_a_link(alice):

@@ -1,10 +1,13 @@
-"""Authentication for the JSON API: a session (with CSRF on writes) or `Authorization: Bearer API_TOKEN`."""
+"""Who may call a view: staff-only pages, and the JSON API's session (with CSRF on writes) or
+`Authorization: Bearer API_TOKEN`."""
 
 from __future__ import annotations
 
 import json
 from functools import wraps
 
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
 from django.http import JsonResponse
 from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.csrf import csrf_exempt
@@ -35,6 +38,20 @@ def json_object(body: bytes) -> dict:
 
 def _csrf_failure(request) -> bool:
     return CsrfViewMiddleware(lambda r: None).process_view(request, None, (), {}) is not None
+
+
+def staff_required(view):
+    """Decorate a staff-only page: a visitor is sent to the site's login, a user who is not staff gets 403 (as
+    the API answers), not Django admin's login."""
+
+    @login_required
+    @wraps(view)
+    def wrapper(request, *args, **kwargs):
+        if not request.user.is_staff:
+            raise PermissionDenied("only staff members may do this")
+        return view(request, *args, **kwargs)
+
+    return wrapper
 
 
 def api(*methods: str, staff: bool = False):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.contrib import messages
-from django.contrib.admin.views.decorators import staff_member_required
 from django.contrib.auth import get_user_model, login
 from django.contrib.auth.forms import UserCreationForm
 from django.db import transaction
@@ -13,6 +12,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
+from webapp.accounts.auth import staff_required
 from webapp.accounts.models import INVITE_DAYS, Invitation
 
 
@@ -21,7 +21,7 @@ def invitation_link(token: str) -> str:
     return settings.ASTEROID_SITE_URL.rstrip("/") + reverse("join", args=[token])
 
 
-@staff_member_required
+@staff_required
 def users(request):
     link = None
     if request.method == "POST":
@@ -34,7 +34,7 @@ def users(request):
     return render(request, "accounts/users.html", context)
 
 
-@staff_member_required
+@staff_required
 @require_POST
 def revoke_invitation(request, invitation_id: int):
     row = get_object_or_404(Invitation, pk=invitation_id, used_at__isnull=True)

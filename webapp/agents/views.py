@@ -6,17 +6,17 @@ because it reaches into jobs."""
 from __future__ import annotations
 
 from django.contrib import messages
-from django.contrib.admin.views.decorators import staff_member_required
 from django.shortcuts import get_object_or_404, redirect
 from django.views.decorators.http import require_POST
 
+from webapp.accounts.auth import staff_required
 from webapp.devices.agents import disconnect_agent
 from webapp.devices.models import Device
 from webapp.jobs.actions import TAKING_PART, ActionError, remove_device
 from webapp.jobs.models import Job, JobDevice
 
 
-@staff_member_required
+@staff_required
 @require_POST
 def device_disable(request, device_id: int):
     device = get_object_or_404(Device, pk=device_id)
@@ -26,7 +26,7 @@ def device_disable(request, device_id: int):
     return redirect("devices")
 
 
-@staff_member_required
+@staff_required
 @require_POST
 def device_remove(request, device_id: int):
     device = get_object_or_404(Device, pk=device_id)

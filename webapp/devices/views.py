@@ -4,11 +4,11 @@ the device's job, are in webapp.agents.views)."""
 from __future__ import annotations
 
 from django.contrib import messages
-from django.contrib.admin.views.decorators import staff_member_required
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
+from webapp.accounts.auth import staff_required
 from webapp.devices.agents import disconnect_agent
 from webapp.devices.api import agent_command
 from webapp.devices.forms import DeviceForm
@@ -22,7 +22,7 @@ def device_list(request):
     return render(request, template, {"devices": Device.objects.select_related("job")})
 
 
-@staff_member_required
+@staff_required
 def device_add(request):
     form = DeviceForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
@@ -36,7 +36,7 @@ def _enrollment_page(request, device: Device, token: str):
     return render(request, "devices/enrollment.html", context)
 
 
-@staff_member_required
+@staff_required
 @require_POST
 def device_token(request, device_id: int):
     device = get_object_or_404(Device, pk=device_id)
@@ -45,7 +45,7 @@ def device_token(request, device_id: int):
     return _enrollment_page(request, device, token)
 
 
-@staff_member_required
+@staff_required
 @require_POST
 def device_enable(request, device_id: int):
     device = get_object_or_404(Device, pk=device_id)

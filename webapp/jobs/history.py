@@ -10,6 +10,7 @@ from django.core.paginator import Paginator
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
+from engine.fields import MAX_INT
 from webapp.jobs import figures
 from webapp.jobs.artifacts import job_dir
 from webapp.jobs.models import Job, JobEvent
@@ -88,6 +89,7 @@ def job_compare(request):
     except ValueError:
         messages.error(request, "Compare jobs by their numbers (?jobs=3&jobs=5).")
         return redirect("jobs")
+    ids = [i for i in ids if 0 < i <= MAX_INT]  # no job has a number past the database's bigint: unknown ones
     jobs = list(visible_jobs(request.user).filter(pk__in=ids).order_by("pk"))
     if len(jobs) < 2 or len(jobs) > COMPARED_AT_MOST:
         messages.error(request, f"Tick 2 to {COMPARED_AT_MOST} of your jobs to compare them.")

@@ -162,7 +162,10 @@ def _apply(row: JobDevice, ev: dict) -> None:
             finish(job)
     elif kind == "device-error" and ev.get("cause") == "own":
         _device_state(row, JobDevice.State.FAILED, result={k: v for k, v in ev.items() if k != "type"})
-        if row.device_id:
+        if row.device_id and ev.get("traceback"):
+            # the device's own fault (its process crashed: the engine sends a traceback only then); failed until
+            # staff enable it. A user's mistake (no dataset, a bad option) or a refusal has none: the device is
+            # freed with the job (fail), online for the next one.
             Device.objects.filter(pk=row.device_id).update(status=Device.Status.FAILED)
         fail(job, event.line(), overrule=True)  # which logs it
         said = False

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 from django.contrib import messages
-from django.contrib.admin.views.decorators import staff_member_required
 from django.contrib.auth.decorators import login_required
 from django.http import FileResponse, Http404, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
@@ -14,6 +13,7 @@ from django.views.decorators.http import require_POST
 from engine.errors import UserError
 from engine.events import StepEvent
 from engine.trace import chrome_trace
+from webapp.accounts.auth import staff_required
 from webapp.devices.models import Device
 from webapp.jobs import actions, ending, figures, launching, planning, rows
 from webapp.jobs.artifacts import model_path
@@ -127,7 +127,7 @@ def job_planned(request, job_id: int):
     return JsonResponse({"planned_s": planned})
 
 
-@staff_member_required
+@staff_required
 @require_POST
 def job_device_action(request, job_id: int, action: str):
     """Remove, add or kill a device of a running job (staff); the live page asks for confirmation first."""
@@ -164,7 +164,13 @@ def job_model(request, job_id: int):
         why = "it is still running" if not job.finished else f"it {job.status} before every device uploaded its part"
         messages.error(request, f"Job {job.pk} has no trained model: {why}.")
         return redirect("job-live", job_id=job.pk)
-    return FileResponse(open(path, "rb"), as_attachment=True, filename=f"asteroid-job{job.pk}-{job.model}.pt")
+    # not the type mimetypes guesses for .pt (a SNES page table, on some systems): a file of bytes to save
+    return FileResponse(
+        open(path, "rb"),
+        as_attachment=True,
+        filename=f"asteroid-job{job.pk}-{job.model}.pt",
+        content_type="application/octet-stream",
+    )
 
 
 @login_required
