@@ -43,6 +43,16 @@ def per_sample(t, k, i, j):
 
 
 @njit(cache=True)
+def _fill_per_sample(t):
+    """`per_sample` of every class and layer range, once per table: the search reads it for every stage it costs, and
+    computing it there (and an array per stage) took a third of a search with few micro-batches."""
+    for k in range(t.K):
+        for i in range(t.L):
+            for j in range(i + 1, t.L + 1):
+                t.ps[k, i, j] = per_sample(t, k, i, j)
+
+
+@njit(cache=True)
 def _fixed(t, i, j):
     return 2 * (j - i) * t.overhead + 2 * (int(i > 0) + int(j < t.L)) * t.latency
 
@@ -77,12 +87,11 @@ def memory_free(t, i, j, g):
     """
     K, m = t.K, t.m
     static, saved, peak, memory = t.static, t.saved, t.peak, t.memory
-    c = np.empty(K)
+    c = t.ps[:, i, j]
     classes = 0
     only = -1
     for k in range(K):
         if g[k]:
-            c[k] = per_sample(t, k, i, j)
             classes += 1
             only = k
     if classes == 1:
@@ -143,7 +152,7 @@ def allocate_time(t, i, j, g, in_flight):
     for k in range(K):
         if g[k]:
             size += g[k]
-            per[k] = per_sample(t, k, i, j)
+            per[k] = t.ps[k, i, j]
             per_mem = in_flight * (saved[j] - saved[i]) + peak[i, j]
             free = memory[k] - (static[j] - static[i])
             cap[k] = 0 if free < 0 else (free // per_mem if per_mem > 0 else NO_CAP)
@@ -163,7 +172,7 @@ def allocate_time(t, i, j, g, in_flight):
 Tables = namedtuple(
     "Tables",
     "L M m K prefix divisor out rate off gbits bits codec codec_div overhead latency params factor link_mbps "
-    "link_bps static saved peak memory Wp speed a_in a_out per_layer per_boundary total_speed",
+    "link_bps static saved peak memory Wp speed a_in a_out per_layer per_boundary total_speed ps",
 )
 
 
@@ -191,7 +200,7 @@ def tables(search) -> Tables:
     mbps = np.array([cluster.link_mbps_of(c[0]) for c in classes], dtype=np.float64)
     bw = float(mbps.max()) * 1e6 / 8 * OFF / level  # compressed bytes at the fastest link: a bound for every device
     out = w.output_bytes
-    return Tables(
+    t = Tables(
         L=L,
         M=search.M,
         m=search.m,
@@ -222,4 +231,10 @@ def tables(search) -> Tables:
         per_layer=stage_fixed_s(cluster, 1, 0),
         per_boundary=stage_fixed_s(cluster, 0, 1),
         total_speed=float(sum(len(c) * s for c, s in zip(classes, search.speed))),
+        ps=search.shared.get("per_sample"),
     )
+    if t.ps is None:  # the same for every micro-batch count of the problem: filled once
+        t = t._replace(ps=np.zeros((K, L + 1, L + 1)))
+        _fill_per_sample(t)
+        search.shared["per_sample"] = t.ps
+    return t
