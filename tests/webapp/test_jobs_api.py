@@ -95,7 +95,8 @@ def test_session_writes_need_csrf_but_tokens_do_not(bob, cluster_c):
     [
         ({"model": "alexnet", "batch_size": 64, "iterations": 2}, "model: Select a valid choice"),
         ({"model": "mobilenetv2", "batch_size": 0, "iterations": 2}, "batch_size: Must be a whole number from 1 to"),
-        ({"model": "mobilenetv2", "batch_size": 64}, "iterations: Give the number of iterations or of epochs"),
+        ({"model": "mobilenetv2", "batchsize": 64}, "unknown field 'batchsize': the fields are model, dataset"),
+        ({"model": "mobilenetv2", "iterations": None}, "iterations: Give the number of iterations or of epochs"),
         ({"model": "bert-small", "dataset": "cifar10", "batch_size": 8, "iterations": 2}, "dataset: cifar10 needs"),
         ({"model": "mobilenetv2", "batch_size": 64, "iterations": 2, "devices": ["nx-9"]}, "devices: Select a valid"),
         ({"model": "mobilenetv2", "batch_size": 64, "iterations": 2, "eval_every": -1}, "eval_every: Must be a whole"),
@@ -112,6 +113,17 @@ def test_bad_requests_get_one_line(bob, cluster_c, body, message):
     assert response.status_code == 400
     assert response.json()["error"].startswith(message), response.json()
     assert Job.objects.count() == 0
+
+
+def test_what_a_request_leaves_out_is_the_forms_default(bob, cluster_c):
+    client = Client()
+    client.force_login(bob)
+    response = client.post("/api/jobs/", {"model": "mobilenetv2"}, content_type="application/json")
+    assert response.status_code == 201, response.content
+    job = Job.objects.get()
+    assert (job.batch_size, job.iterations, job.dataset) == (64, 20, "synthetic")  # as docs/site.md's table says
+    response = client.post("/api/jobs/", {"model": "mobilenetv2", "epochs": 1}, content_type="application/json")
+    assert response.status_code == 201 and Job.objects.get(pk=response.json()["id"]).iterations != 20
 
 
 def test_not_json_and_no_devices(bob):
