@@ -51,7 +51,12 @@ def enroll(site: Site, token: str, tries: int = ENROLL_TRIES) -> State:
         except HttpError as exc:
             if exc.status == 400:  # not about the token: the site says what (e.g. it does not answer to this host)
                 raise UserError(f"the server at {site.url} refused the enrollment request: {exc.message}") from None
-            if exc.status in (401, 403, 404):
+            if exc.status == 404:  # the site answers, but not here: --server names a path, or is not the site
+                raise UserError(
+                    f"{site.url} has no enrollment endpoint ({exc.message}): give --server the site's own address, "
+                    "http://HOST:PORT without a path, as the site's Add device page shows it"
+                ) from None
+            if exc.status in (401, 403):
                 raise UserError(
                     f"the server refused the enrollment token ({exc.message}): it is wrong or already used; "
                     "get a new one from the site's Devices page"

@@ -24,6 +24,13 @@ def test_createtoken_unknown_user(db):
         call_command("createtoken", "nobody")
 
 
+@pytest.mark.parametrize("name", ["x" * 65, " "])
+def test_createtoken_refuses_a_name_the_column_cannot_hold(bob, name):
+    with pytest.raises(CommandError, match="--name must be 1 to 64 characters"):
+        call_command("createtoken", "bob", "--name", name)
+    assert not ApiToken.objects.exists()
+
+
 def test_profile_creates_shows_once_and_revokes(client, bob, carol):
     client.force_login(bob)
     page = client.post("/profile/", {"name": "ci"}).content.decode()

@@ -97,3 +97,17 @@ def test_a_site_refusing_its_host_is_not_called_a_bad_token():
         enroll(Site.parse(url), "ast_enroll_x", tries=1)
     assert "refused the enrollment request" in str(caught.value) and "DJANGO_ALLOWED_HOSTS" in str(caught.value)
     assert "already used" not in str(caught.value)
+
+
+def test_a_server_url_with_a_path_is_not_called_a_bad_token():
+    # a new user's --server http://HOST:PORT/api/: the site's 404 read as "token wrong or already used"
+    from tests.workers.httpfakes import JsonHandler, serving
+
+    class Handler(JsonHandler):
+        def do_POST(self):
+            self.reply(404, {"error": f"no API endpoint at {self.path}"})
+
+    with serving(Handler) as url, pytest.raises(UserError) as caught:
+        enroll(Site.parse(url + "/api/"), "ast_enroll_x", tries=1)
+    assert "has no enrollment endpoint" in str(caught.value) and "without a path" in str(caught.value)
+    assert "already used" not in str(caught.value)

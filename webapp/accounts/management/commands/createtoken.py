@@ -14,6 +14,9 @@ class Command(BaseCommand):
         parser.add_argument("--name", default="script", help="a label to tell tokens apart (default: script)")
 
     def handle(self, *args, username, name, **options):
+        most = ApiToken._meta.get_field("name").max_length
+        if not name.strip() or len(name) > most:
+            raise CommandError(f"--name must be 1 to {most} characters, got {len(name)}")
         user = get_user_model().objects.filter(username=username).first()
         if user is None:
             raise CommandError(f"no user {username!r}; create one first (manage.py createsuperuser or the admin)")
