@@ -50,6 +50,8 @@ def test_get_returns_status_plan_and_latest(planned, bob):
     assert doc["status"] == "planned" and doc["plan"]["stages"] and doc["latest"] == {}
     ours = Prediction.from_dict(doc["comparison"]["asteroid"])
     assert ours.simulated_s and ours.expected_throughput == pytest.approx(planned.predicted_throughput)
+    assert doc["predicted_throughput"] == pytest.approx(ours.expected_throughput)  # the figure its message names
+    assert f"{doc['predicted_throughput']:.1f} samples/s predicted" in doc["message"]
 
 
 def test_another_user_gets_404_and_staff_sees_all(planned, carol, alice):

@@ -178,6 +178,9 @@ class Job(models.Model):
                 for m, p in (self.comparison or {}).items()
             },
             "latest": self.latest,
+            # the plan's expected samples/s (simulated where it was), as the page and the messages say; the plan's
+            # own "predicted.throughput" is the closed form's
+            "predicted_throughput": self.predicted_throughput,
             "measured_throughput": self.measured,
             "eta_s": self.eta_s,
             "archived": self.archived,
