@@ -40,6 +40,26 @@ TRAINING_EFFICIENCY = 0.25
 # Fixed cost a device pays per layer per forward or backward pass (kernel launches, Python).
 LAYER_OVERHEAD_S = 50e-6
 
+# The numbers a cluster file (and --bandwidth-mbps) may give, (least, most): past them a number is a typo, and
+# the planner's arithmetic breaks (memory_gb 1e30 overflows int64 bytes; gflops 1e308 or 1e-15 divides by zero).
+# The maxima are the web form's (webapp/devices/forms.py, webapp/jobs/forms.py). The minima sit far below any
+# real board, as a plan file's cluster may be a re-plan's: a board slowed down 1000x, a link its agent measured.
+LIMITS: dict[str, tuple[float, float]] = {
+    "memory_gb": (0.0, 1024.0),
+    "reserved_gb": (0.0, 1024.0),
+    "gflops": (1e-6, 1e6),
+    "bandwidth_mbps": (1e-3, 1e6),  # a cluster's, or one board's own link
+    "latency_ms": (0.0, 10_000.0),
+}
+
+
+def in_limits(what: str, key: str, value: object) -> float:
+    """`value` as a float if it is a number within LIMITS[key]; else a UserError naming `what` (the field)."""
+    low, high = LIMITS[key]
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+        raise UserError(f"{what} must be a number from {low:g} to {high:g}, got {repr(value)[:20]}")
+    return float(value)
+
 
 def get_kind(name: str) -> DeviceKind:
     """The kind for a key or alias ("nano", "jetson-tx2", ...)."""
@@ -208,9 +228,7 @@ class Cluster:
                 v = d.get(key, getattr(base, key) if base else (0.0 if key == "reserved_gb" else None))
                 if v is None:
                     raise UserError(f"{where}.{key} is required for a custom device (or give a 'kind')")
-                if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-                    raise UserError(f"{where}.{key} must be a non-negative number, got {v!r}")
-                values[key] = float(v)
+                values[key] = in_limits(f"{where}.{key} (device {dev_name!r})", key, v)
             kind = base.key if base else "custom"
             if base and (values["memory_gb"], values["gflops"], values["reserved_gb"]) != (
                 base.memory_gb,
@@ -219,23 +237,17 @@ class Cluster:
             ):
                 kind = "custom"
             link = d.get("bandwidth_mbps")
-            if link is not None and (isinstance(link, bool) or not isinstance(link, (int, float)) or not link > 0):
-                raise UserError(f"{where}.bandwidth_mbps must be a positive number (its link's Mbps), got {link!r}")
+            if link is not None:  # its own link's Mbps
+                link = in_limits(f"{where}.bandwidth_mbps (device {dev_name!r})", "bandwidth_mbps", link)
             probe = ""
             if "probe" in d:
                 probe = canonical_probe(d["probe"], f"{where}.probe")
                 kind = "custom"  # its own measured times, whatever board it is
             devices.append(
                 Device(dev_name, kind, values["memory_gb"], values["gflops"], values["reserved_gb"], probe,
-                       None if link is None else float(link))
+                       link)
             )  # fmt: skip
-        extra = {}
-        for key in ("bandwidth_mbps", "latency_ms"):
-            if key in doc:
-                v = doc[key]
-                if isinstance(v, bool) or not isinstance(v, (int, float)):
-                    raise UserError(f"cluster file: {key} must be a number, got {v!r}")
-                extra[key] = float(v)
+        extra = {k: in_limits(f"cluster file: {k}", k, doc[k]) for k in ("bandwidth_mbps", "latency_ms") if k in doc}
         label = doc.get("name", name)
         return cls(tuple(devices), name=str(label), **extra)
 
@@ -271,7 +283,11 @@ def load_cluster(arg: str, bandwidth_mbps: float | None = None) -> Cluster:
         cluster = CLUSTERS[arg.upper()]
     else:
         path = Path(arg)
+        if path.is_dir():
+            raise UserError(f"cluster file {arg} is a directory")
         if not path.is_file():
+            if arg.endswith(".json") or "/" in arg:  # meant as a file
+                raise UserError(f"cluster file {arg} does not exist")
             raise UserError(f"unknown cluster {arg!r}: use one of {', '.join(CLUSTERS)} or a cluster JSON file")
         try:
             doc = json.loads(path.read_text())

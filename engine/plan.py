@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from engine.devices import Cluster
+from engine.devices import Cluster, in_limits
 from engine.errors import UserError
 from engine.schedule import SCHEDULES
 
@@ -255,7 +255,7 @@ class Plan:
         cluster = Cluster.from_dict(need("cluster", dict), name="plan")
         if "bandwidth_mbps" in doc:
             bw = need("bandwidth_mbps", (int, float))
-            cluster = cluster.with_bandwidth(float(bw))
+            cluster = cluster.with_bandwidth(in_limits("plan: bandwidth_mbps", "bandwidth_mbps", bw))
         stages = []
         for k, st in enumerate(need("stages", list)):
             if not isinstance(st, dict):

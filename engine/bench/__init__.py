@@ -123,14 +123,14 @@ def run_compression(args: argparse.Namespace) -> str:
 
 
 def _bandwidths(text: str) -> tuple[float, ...]:
-    """`--bandwidths`: comma-separated positive Mbps."""
+    """`--bandwidths`: comma-separated Mbps, each within a cluster file's bounds (engine.devices.LIMITS)."""
+    from engine.devices import in_limits
+
     try:
         bandwidths = tuple(float(x) for x in text.split(","))
     except ValueError:
         raise UserError(f"--bandwidths takes comma-separated numbers, got {text!r}") from None
-    if any(not b > 0 for b in bandwidths):
-        raise UserError("--bandwidths must be positive")
-    return bandwidths
+    return tuple(in_limits("--bandwidths", "bandwidth_mbps", b) for b in bandwidths)
 
 
 def run_predictor(args: argparse.Namespace) -> str:

@@ -14,6 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from engine.cli.outputs import check_output
 from engine.cli.parser import build_parser
 from engine.cli.plan import cmd_plan, cmd_simulate
 from engine.cli.train import cmd_train
@@ -36,6 +37,10 @@ def main(argv: list[str] | None = None) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from engine import bench
 
+    check_output("--output", args.output)
+    check_output("--record", args.record)
+    if args.figure:  # PREFIX.html (and .png); its directory is made
+        check_output("--figure", str(Path(args.figure).with_suffix(".html")), make_dirs=True)
     report = bench.run(args)
     print(report)
     if args.output:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from engine.devices import LIMITS
 from engine.errors import OneLineParser, UserError
 from engine.planners import PLANNERS
 from engine.schedule import SCHEDULES
@@ -85,6 +86,10 @@ def _bounded(kind: type, low: float, high: float):
     return parse
 
 
+# --bandwidth-mbps: the bounds of a cluster file's bandwidth_mbps (finite: inf is no bandwidth)
+_bandwidth = _bounded(float, *LIMITS["bandwidth_mbps"])
+
+
 def _run_option_arguments(parser: argparse.ArgumentParser) -> None:
     """A flag per run option a job's owner sets (engine.runtime.options.settable()): --lr, --seed, --schedule ..."""
     from engine.runtime.options import settable
@@ -110,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cluster", required=True, help="A, B, C, D or a cluster JSON file")
     p.add_argument("--batch-size", required=True, type=_positive_int, help="global batch size per iteration")
     p.add_argument("--method", default="asteroid", choices=[*PLANNERS, "all"], help="planner (default asteroid)")
-    p.add_argument("--bandwidth-mbps", type=_positive_float, help="override the cluster's link bandwidth")
+    p.add_argument("--bandwidth-mbps", type=_bandwidth, help="override the cluster's link bandwidth")
     p.add_argument("--optimizer", default="sgd", choices=["sgd", "adam"], help="optimizer state to budget for")
     p.add_argument("--refresh-profile", action="store_true", help="profile the model again instead of the cache")
     p.add_argument("--json", action="store_true", help="print the plan JSON (with --method all: every plan)")
@@ -131,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--cluster", help="A, B, C, D or a cluster JSON file")
     t.add_argument("--batch-size", type=_positive_int, default=64, help="global batch size (default 64)")
     t.add_argument("--method", default="asteroid", choices=list(PLANNERS), help="planner (default asteroid)")
-    t.add_argument("--bandwidth-mbps", type=_positive_float, help="override the cluster's link bandwidth")
+    t.add_argument("--bandwidth-mbps", type=_bandwidth, help="override the cluster's link bandwidth")
     t.add_argument("--plan", help="train this plan file instead of planning")
     t.add_argument("--emulate", action="store_true", help="emulate the plan's devices here (time dilation)")
     t.add_argument("--dilation", type=_positive_float, help="wall seconds per device second (default: calibrated)")

@@ -7,11 +7,13 @@ import json
 import sys
 from pathlib import Path
 
+from engine.cli.outputs import check_output
 from engine.costmodel import ideal_throughput
 from engine.devices import load_cluster
 from engine.errors import UserError
 from engine.plan import Plan
 from engine.planners import COMPARED, NoFeasiblePlan, Problem
+from engine.planners.feasibility import could_fit, diagnose
 from engine.planners.levels import plan_compressed
 
 
@@ -26,6 +28,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         plan = fitting_plan(args.method, problem, args.compression)
         print(json.dumps(plan.to_dict(), indent=2) if args.json else plan_table(plan))
         return 0
+    if not could_fit(problem):
+        raise UserError(infeasible_message(problem, "asteroid"))
     results: dict[str, Plan | str] = {}
     for method in COMPARED:
         try:
@@ -54,6 +58,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def fitting_plan(method: str, problem: Problem, compression: tuple = ((), False), samples: int | None = None) -> Plan:
     """The method's plan (at the `--compression` levels; `samples`: the training set's size, what activation
     changes keep at most), or a UserError saying what does not fit and which batch size would."""
+    if not could_fit(problem):  # no plan can: said before planning, which takes minutes at a huge batch size
+        raise UserError(infeasible_message(problem, method))
     try:
         plan = plan_compressed(method, problem, *compression, samples=samples, progress=sys.stderr.isatty())
     except NoFeasiblePlan:
@@ -65,8 +71,6 @@ def fitting_plan(method: str, problem: Problem, compression: tuple = ((), False)
 
 def infeasible_message(problem: Problem, method: str) -> str:
     """Say what does not fit, and the largest batch size (halving) the method can offer instead."""
-    from engine.planners.feasibility import diagnose
-
     why = diagnose(problem, method)
     if why.fitting_batch_size is None:
         return f"{why.summary}; it does not fit even at batch size 1"
@@ -80,6 +84,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from engine.trace import chrome_trace
     from engine.workloads import workload
 
+    check_output("--trace", args.trace)
     plan = _read_plan(args.plan)
     sim = simulate(plan, workload(plan.model, cluster=plan.cluster))
     if args.trace:

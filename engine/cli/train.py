@@ -9,6 +9,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from engine.cli.outputs import check_output, check_output_dir
 from engine.cli.plan import _read_plan, fitting_plan
 from engine.devices import Cluster, load_cluster
 from engine.errors import UserError
@@ -37,6 +38,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     if (args.rank is None) != (args.rendezvous is None):
         raise UserError("a distributed run needs both --rank and --rendezvous")
+    for option, path in (("--save", args.save), ("--events", args.events), ("--trace", args.trace)):
+        check_output(option, path)
+    check_output_dir("--run-dir", args.run_dir)
     from engine.runtime.faults import FaultArgs
 
     faults = FaultArgs(args.fail, args.leave, args.join, args.slow).parse()

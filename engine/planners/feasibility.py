@@ -31,14 +31,31 @@ class Infeasible:
         )
 
 
+def could_fit(problem: Problem) -> bool:
+    """False when no plan of any method can fit, whatever its stages: a check of the sums, before planning.
+
+    A plan runs every sample of a micro-batch (at least batch / max_micro_batches of them) through every layer.
+    A device of a stage over layers [i, j) holds that stage's weights, gradients and optimizer state, and per
+    sample of its share the activations saved for at least one micro-batch in flight plus the layers' peak
+    (engine.costmodel.device_memory). Summed over the devices, the stages' state adds up to the model's, their
+    saved activations to the model's, and their peaks to at least the largest layer's: so the devices together
+    need at least this, whatever the split, schedule or compression."""
+    w, L = problem.workload, problem.workload.num_layers
+    samples = -(-problem.batch_size // problem.max_micro_batches)  # in the largest micro-batch count's micro-batch
+    need = w.static_bytes(0, L) + samples * (w.saved(0, L) + w.peak(0, L))
+    return need <= sum(d.memory_bytes for d in problem.cluster.devices)
+
+
 def diagnose(problem: Problem, method: str) -> Infeasible:
-    """Plan `method` at half the batch size, then half again, until a plan fits (or batch size 1 does not)."""
+    """Plan `method` at half the batch size, then half again, until a plan fits (or batch size 1 does not); a
+    batch size that could not fit (`could_fit`) is passed over unplanned, so a huge one is answered at once."""
     w, cluster = problem.workload, problem.cluster
     fitting = None
     batch = problem.batch_size // 2
     while batch >= 1:
+        smaller = Problem(w, cluster, batch)
         try:
-            if make_plan(method, Problem(w, cluster, batch)).predicted.fits:
+            if could_fit(smaller) and make_plan(method, smaller).predicted.fits:
                 fitting = batch
                 break
         except NoFeasiblePlan:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from engine.bench.planner import exact_vs_ordered, synthetic_cluster, synthetic_workload, time_planning
 from engine.planners import Problem, make_plan
 
@@ -104,6 +106,17 @@ def test_ideal_bench_arguments_are_checked(capsys):
     ):
         assert main(argv) == 2
         assert message in capsys.readouterr().err
+
+
+# `bench reproduce --bandwidths 1000,inf` (or 1e400) trained on an infinitely fast network.
+def test_bench_bandwidths_are_within_a_cluster_files_bounds():
+    from engine.bench import _bandwidths
+    from engine.errors import UserError
+
+    assert _bandwidths("1000,100") == (1000.0, 100.0)
+    for text in ("1000,inf", "1e400", "nan", "0", "2e6"):
+        with pytest.raises(UserError, match="^--bandwidths must be a number from 0.001 to 1e\\+06, got "):
+            _bandwidths(text)
 
 
 def test_schedule_bench_trains_a_plan_under_each_schedule():

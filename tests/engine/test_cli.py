@@ -170,6 +170,53 @@ def test_model_that_does_not_fit_offers_a_smaller_batch(capsys, tmp_path):
     assert code == 0, err
 
 
+# `--bandwidth-mbps inf` (and 1e400, read as inf) planned on an infinitely fast network.
+@pytest.mark.parametrize("value", ["inf", "1e400", "nan", "0", "2e6"])
+@pytest.mark.parametrize("command", ["plan", "train"])
+def test_bandwidth_override_must_be_in_a_cluster_files_bounds(capsys, command, value):
+    from engine.cli.parser import build_parser
+
+    argv = [command, "--model", "mobilenetv2", "--cluster", "C", "--batch-size", "8", "--bandwidth-mbps", value]
+    with pytest.raises(SystemExit) as exc:  # the parser alone: without the bound, train would train
+        build_parser().parse_args(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"--bandwidth-mbps: must be from 0.001 to 1e+06, got {value}" in err and len(err.strip().splitlines()) == 1
+
+
+# A cluster file's out-of-range numbers were tracebacks from deep in the planner (OverflowError, ZeroDivisionError).
+@pytest.mark.parametrize("field, value", [("memory_gb", 1e308), ("memory_gb", 1e30), ("gflops", 1e308)])
+def test_out_of_range_cluster_numbers_are_one_line(capsys, tmp_path, field, value):
+    path = tmp_path / "lab.json"
+    devices = [{"name": "x", "kind": "nano", field: value}, {"name": "y", "kind": "tx2"}]
+    path.write_text(json.dumps({"devices": devices}))
+    code, _out, err = run(capsys, "plan", "--model", "mobilenetv2", "--cluster", str(path), "--batch-size", "64")
+    assert code == 2, err
+    assert f"devices[0].{field} (device 'x') must be a number from" in err and len(err.strip().splitlines()) == 1
+
+
+# `--cluster /missing.json` (or a directory) said "unknown cluster ... use one of A, B, C, D or a cluster JSON file".
+def test_a_cluster_path_that_is_missing_or_a_directory_says_so(capsys, tmp_path):
+    missing = str(tmp_path / "lab.json")
+    code, _out, err = run(capsys, "plan", "--model", "mobilenetv2", "--cluster", missing, "--batch-size", "8")
+    assert code == 2 and err == f"error: cluster file {missing} does not exist\n"
+    code, _out, err = run(capsys, "plan", "--model", "mobilenetv2", "--cluster", str(tmp_path), "--batch-size", "8")
+    assert code == 2 and err == f"error: cluster file {tmp_path} is a directory\n"
+
+
+# `plan --batch-size 99999999999` planned that batch, then every halved one down to one that fit: ten minutes.
+@pytest.mark.parametrize("method", ["asteroid", "all"])
+def test_a_hopeless_batch_size_is_refused_before_planning_it(capsys, monkeypatch, method):
+    import engine.cli.plan
+
+    monkeypatch.setattr(engine.cli.plan, "plan_compressed", lambda *a, **k: pytest.fail("planned the batch size"))
+    code, _out, err = run(
+        capsys, "plan", "--model", "mobilenetv2", "--cluster", "C", "--batch-size", "99999999999", "--method", method
+    )
+    assert code == 2 and "at batch size 99999999999 does not fit" in err and "try --batch-size" in err
+    assert len(err.strip().splitlines()) == 1
+
+
 def test_bad_plan_file(capsys, tmp_path):
     path = tmp_path / "bad.json"
     path.write_text("{not json")

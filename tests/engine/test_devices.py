@@ -1,6 +1,7 @@
 """Devices and clusters: the built-in clusters, Jetson facts, and the cluster file (every mistake named)."""
 
 import json
+import random
 from collections import Counter
 
 import pytest
@@ -121,7 +122,7 @@ def test_custom_device_without_memory_names_the_field(tmp_path):
         ({"devices": [{"name": "a", "memory_gb": "8", "gflops": 1}]}, r"devices\[0\]\.memory_gb"),
         ({"devices": [{"name": "a", "memory_gb": 8, "gflops": True}]}, r"devices\[0\]\.gflops"),
         ({"devices": [{"name": "a", "memory_gb": -1, "gflops": 1}]}, r"devices\[0\]\.memory_gb"),
-        ({"devices": [{"name": "a", "memory_gb": 4, "gflops": 0}]}, "gflops must be positive"),
+        ({"devices": [{"name": "a", "memory_gb": 4, "gflops": 0}]}, r"devices\[0\]\.gflops \(device 'a'\)"),
         ({"devices": [{"name": "a", "memory_gb": 1, "gflops": 5, "reserved_gb": 2}]}, "must exceed reserved"),
         ({"devices": [{"name": "a", "kind": "nano"}, {"name": "a", "kind": "tx2"}]}, "duplicate device names.*: a"),
         ({"devices": [{"name": "a", "kind": "nano"}], "bandwidth_mbps": "fast"}, "bandwidth_mbps"),
@@ -137,7 +138,7 @@ def test_malformed_cluster_documents(tmp_path, doc, needle):
 def test_bad_json_and_missing_file(tmp_path):
     with pytest.raises(UserError, match="not valid JSON"):
         load_cluster(write(tmp_path, '{"devices": [', name="broken.json"))
-    with pytest.raises(UserError, match="unknown cluster"):
+    with pytest.raises(UserError, match="cluster file .*nope.json does not exist"):
         load_cluster(str(tmp_path / "nope.json"))
     with pytest.raises(UserError, match="unknown cluster 'E'"):
         load_cluster("E")
@@ -145,6 +146,58 @@ def test_bad_json_and_missing_file(tmp_path):
         binary = tmp_path / "binary.json"
         binary.write_bytes(b"\xff\xfe\x00")  # not UTF-8
         load_cluster(str(binary))
+
+
+# A path given to --cluster that is missing or a directory was called "unknown cluster ... use one of A, B, C, D".
+def test_a_cluster_path_that_is_missing_or_a_directory_is_called_so(tmp_path):
+    with pytest.raises(UserError, match=f"cluster file {tmp_path} is a directory"):
+        load_cluster(str(tmp_path))
+    with pytest.raises(UserError, match="cluster file lab/c does not exist"):
+        load_cluster("lab/c")
+    with pytest.raises(UserError, match="cluster file lab.json does not exist"):
+        load_cluster("lab.json")
+    with pytest.raises(UserError, match="unknown cluster 'lab': use one of A, B, C, D"):
+        load_cluster("lab")
+
+
+# Numbers past what any board has reached the planner: memory_gb 1e308 overflowed memory_bytes, 1e30 overflowed
+# an int64 array, gflops 1e308 (or 1e-300) divided by zero, and inf bandwidth (1e400 in JSON) was accepted.
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ('{"devices": [{"name": "a", "memory_gb": 1e308, "gflops": 900}]}', r"devices\[0\]\.memory_gb \(device 'a'\) "
+         r"must be a number from 0 to 1024, got 1e\+308"),
+        ('{"devices": [{"name": "a", "memory_gb": 1e30, "gflops": 900}]}', r"memory_gb \(device 'a'\)"),
+        ('{"devices": [{"name": "a", "memory_gb": 8, "gflops": 1e308}]}', r"gflops \(device 'a'\) .* to 1e\+06"),
+        ('{"devices": [{"name": "a", "memory_gb": 8, "gflops": 1e-300}]}', r"gflops \(device 'a'\) .* from 1e-06"),
+        ('{"devices": [{"name": "a", "memory_gb": 8, "gflops": 9' + "0" * 400 + '}]}', r"gflops \(device 'a'\)"),
+        ('{"devices": [{"name": "a", "memory_gb": 8, "gflops": NaN}]}', r"gflops \(device 'a'\) .* got nan"),
+        ('{"devices": [{"name": "a", "kind": "nano", "reserved_gb": 1e9}]}', r"reserved_gb \(device 'a'\)"),
+        ('{"devices": [{"name": "a", "kind": "nano", "bandwidth_mbps": 1e400}]}',
+         r"devices\[0\]\.bandwidth_mbps \(device 'a'\) must be a number from 0.001 to 1e\+06, got inf"),
+        ('{"devices": [{"name": "a", "kind": "nano"}], "bandwidth_mbps": 1e400}', "cluster file: bandwidth_mbps .*inf"),
+        ('{"devices": [{"name": "a", "kind": "nano"}], "bandwidth_mbps": Infinity}', "cluster file: bandwidth_mbps"),
+        ('{"devices": [{"name": "a", "kind": "nano"}], "latency_ms": 1e9}', "cluster file: latency_ms .* to 10000"),
+    ],
+)  # fmt: skip
+def test_out_of_range_numbers_in_a_cluster_file_are_refused(tmp_path, text, needle):
+    with pytest.raises(UserError, match=needle):
+        load_cluster(write(tmp_path, text))
+
+
+@pytest.mark.parametrize("end", [1, 0], ids=["most", "least"])
+def test_the_numbers_at_a_cluster_files_bounds_plan(end):
+    from engine.devices import LIMITS
+    from engine.planners import Problem, make_plan
+    from tests.engine.instances import layered_workload
+
+    at = {key: bounds[end] for key, bounds in LIMITS.items()}
+    big = {"name": "a", "memory_gb": 1024, "gflops": at["gflops"], "bandwidth_mbps": at["bandwidth_mbps"]}
+    doc = {"devices": [big, {"name": "b", "kind": "nano"}], "bandwidth_mbps": at["bandwidth_mbps"]}
+    cluster = Cluster.from_dict({**doc, "latency_ms": at["latency_ms"]})
+    assert cluster.device("a").memory_bytes == 1024 * GIB
+    plan = make_plan("asteroid", Problem(layered_workload(random.Random(0), 4), cluster, 64))
+    assert plan.predicted.fits and 0 < plan.predicted.throughput < float("inf")
 
 
 def test_cluster_construction_checks():

@@ -57,10 +57,10 @@ def test_a_cluster_file_gives_a_board_its_own_link(tmp_path):
     assert c.device("x0").link_mbps is None and c.link_mbps_of(c.device("x0")) == 100.0
     assert Cluster.from_dict(c.to_dict()) == c  # the plan file carries it
     assert c.with_bandwidth(1000).device("n0").link_mbps == 20.0  # --bandwidth-mbps is the others' default
-    for bad in (0, -5, "fast", True):
+    for bad in (0, -5, "fast", True, 1e400):  # 1e400: JSON's Infinity
         doc["devices"][0]["bandwidth_mbps"] = bad
         path.write_text(json.dumps(doc))
-        with pytest.raises(UserError, match=r"devices\[0\]\.bandwidth_mbps must be a positive number"):
+        with pytest.raises(UserError, match=r"devices\[0\]\.bandwidth_mbps \(device 'n0'\) must be a number from"):
             load_cluster(str(path))
 
 

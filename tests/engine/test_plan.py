@@ -115,6 +115,7 @@ def mutated(**changes) -> dict:
         (mutated(batch_size=True), "'batch_size' has the wrong type"),
         (mutated(micro_batches=2.0), "'micro_batches' has the wrong type"),
         (mutated(bandwidth_mbps="fast"), "'bandwidth_mbps' has the wrong type"),
+        (mutated(bandwidth_mbps=float("inf")), "plan: bandwidth_mbps must be a number from 0.001 to 1e\\+06, got inf"),
         (mutated(micro_batches=0), "positive"),
         (mutated(allreduce="int8"), "'allreduce' must be one of off, fp16, bf16"),
         (mutated(allreduce=["fp16"]), "'allreduce' must be one of"),
