@@ -157,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     _run_option_arguments(t)
     t.add_argument("--timeout", type=_positive_float, default=30.0, help="seconds before a silent device is dead")
     t.add_argument("--save", help="write the trained model as one state_dict (torch.save) to this file")
-    t.add_argument("--events", help="append every event as a JSON line to this file")
+    t.add_argument("--events", help="write every event as a JSON line to this file (replaced if it exists)")
     t.add_argument("--trace", help="write a Chrome trace: the last iteration measured, above the simulated one")
     t.add_argument("--json", action="store_true", help="print the summary as one JSON document")
     t.add_argument("--rank", type=int, help="this device's rank in the plan's device order (distributed run)")
