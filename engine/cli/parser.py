@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 from engine.devices import LIMITS
 from engine.errors import OneLineParser, UserError
@@ -25,8 +26,8 @@ def _positive_float(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    if not 0 < value < math.inf:  # nan and inf too: a timeout or a dilation of inf is no number of seconds
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
     return value
 
 

@@ -13,6 +13,9 @@ from engine.devices import Cluster, Device, get_kind
 from engine.errors import UserError
 
 PHASES = ("forward", "backward", "all-reduce", "send", "replica")
+# --slow's largest factor: a board slowed further would fall below a cluster file's least GFLOPS
+# (engine.devices.LIMITS), and its re-plan's cluster could not be read back
+MAX_SLOWDOWN = 10_000
 
 
 @dataclass(frozen=True)
@@ -107,8 +110,8 @@ def parse_slow(text: str) -> Slow:
         value = float(factor) if colon else float("nan")
     except ValueError:
         value = float("nan")
-    if not value >= 1 or value == float("inf"):
-        raise UserError(f"--slow {text!r}: FACTOR must be a number of at least 1, got {factor!r}")
+    if not 1 <= value <= MAX_SLOWDOWN:
+        raise UserError(f"--slow {text!r}: FACTOR must be a number from 1 to {MAX_SLOWDOWN:g}, got {factor!r}")
     return Slow(name, _iteration("--slow", text, it), value)
 
 
