@@ -20,6 +20,7 @@ from engine.planners.common import device_classes
 from engine.progress import Progress
 
 DEVICES = (4, 8, 16, 32, 64, 128)
+ZOO_DEVICES = (64, 128)  # the zoo's models planned on these synthetic clusters
 LAYERS = (20, 50, 100, 200)
 MODELS = {"mobilenetv2": 128, "resnet50": 64, "vgg16": 128, "bert-small": 32, "gpt-small": 32}
 TIMING_BATCH = 256
@@ -51,21 +52,24 @@ def synthetic_cluster(devices: int) -> Cluster:
     return Cluster(tuple(Device.of_kind(f"{kinds[k % 3]}-{k}", kinds[k % 3]) for k in range(devices)), name="synthetic")
 
 
-def _time_cell(devices: int, layers: int, exact_limit: int, rank: bool, out) -> None:
+def _time_cell(devices: int, layers: int | str, exact_limit: int, rank: bool, out) -> None:
     from engine.planners import asteroid
+    from engine.workloads import workload
 
     asteroid.EXACT_LIMIT = exact_limit  # this child process only
-    problem = Problem(synthetic_workload(layers), synthetic_cluster(devices), TIMING_BATCH, rank=rank)
+    w = workload(layers) if isinstance(layers, str) else synthetic_workload(layers)
+    problem = Problem(w, synthetic_cluster(devices), TIMING_BATCH, rank=rank)
     start = time.perf_counter()
     plan = make_plan("asteroid", problem)
     out.put((time.perf_counter() - start, len(plan.stages), plan.micro_batches, plan.predicted.iteration_s))
 
 
 def time_planning(
-    devices: int, layers: int, timeout: float, exact_limit: int = EXACT_LIMIT, rank: bool = True
+    devices: int, layers: int | str, timeout: float, exact_limit: int = EXACT_LIMIT, rank: bool = True
 ) -> tuple[float, int, int, float] | None:
-    """(seconds, stages, micro-batches, closed-form iteration s) of planning in a child process (`rank`: the
-    whole planner; False: its closed-form search alone), or None past `timeout`."""
+    """(seconds, stages, micro-batches, closed-form iteration s) of planning, in a child process, the synthetic
+    workload of `layers` layers (or the zoo model of that name) at TIMING_BATCH on `devices` synthetic boards
+    (`rank`: the whole planner; False: its closed-form search alone), or None past `timeout`."""
     ctx = mp.get_context("fork")
     out = ctx.Queue()
     proc = ctx.Process(target=_time_cell, args=(devices, layers, exact_limit, rank, out))
@@ -120,11 +124,35 @@ def planner_bench(quick: bool = False, timeout: float = 60.0) -> str:
         f"{search_size(synthetic_cluster(boundary))} <= {EXACT_LIMIT}); ordered from {boundary + 1}.",
         "",
     ]
+    lines += zoo_table(ZOO_DEVICES[:1] if quick else ZOO_DEVICES, models, timeout)
     lines += exact_vs_ordered(devices, layers, timeout)
     lines += replan_table(QUICK["models"] if quick else REPLAN_MODELS, (20,) if quick else (20, 50))
     for mbps in BANDWIDTHS:
         lines += throughput_table(models, mbps) + [""]
     return "\n".join(lines)
+
+
+def zoo_table(devices: tuple[int, ...], models: dict[str, int], timeout: float) -> list[str]:
+    """The zoo's models (each cut only where the model may be cut) on large synthetic clusters."""
+    from engine.workloads import workload
+
+    lines = [
+        f"### Planning time of the zoo's models on large clusters (batch {TIMING_BATCH}, NX/TX2/Nano in turn)",
+        "",
+        "The whole planner, as the synthetic cells above, for the zoo's models (their layers: where each may be cut).",
+        "",
+        "| model (layers) | " + " | ".join(f"{n} devices" for n in devices) + " |",
+        "|---|" + "---|" * len(devices),
+    ]
+    with Progress(len(devices) * len(models), "planning time, zoo models", sys.stderr.isatty()) as bar:
+        for name in models:
+            cells = []
+            for n in devices:
+                res = time_planning(n, name, timeout)
+                cells.append(f"> {timeout:g} s" if res is None else f"{res[0]:.2f} s ({res[1]} st, M={res[2]})")
+                bar.update(note=f"{name} on {n} devices")
+            lines.append(f"| {name} ({workload(name).num_layers}) | " + " | ".join(cells) + " |")
+    return [*lines, ""]
 
 
 def exact_boundary() -> int:

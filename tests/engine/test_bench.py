@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.bench.planner import exact_vs_ordered, synthetic_cluster, synthetic_workload, time_planning
+from engine.bench.planner import exact_vs_ordered, synthetic_cluster, synthetic_workload, time_planning, zoo_table
 from engine.planners import Problem, make_plan
 
 
@@ -14,6 +14,16 @@ def test_time_planning_reports_the_plan_it_timed():
     assert seconds > 0
     assert (stages, micro_batches) == (len(plan.stages), plan.micro_batches)
     assert iteration == plan.predicted.iteration_s
+
+
+def test_zoo_table_times_each_model_on_each_cluster(profile_cache):
+    from engine.workloads import workload
+
+    lines = zoo_table((16,), {"mobilenetv2": 128}, timeout=120)
+    row = next(line for line in lines if line.startswith("| mobilenetv2"))
+    plan = make_plan("asteroid", Problem(workload("mobilenetv2"), synthetic_cluster(16), 256))
+    assert row.startswith(f"| mobilenetv2 ({workload('mobilenetv2').num_layers}) | ")
+    assert f"({len(plan.stages)} st, M={plan.micro_batches})" in row
 
 
 def test_exact_search_is_never_worse_than_the_published_space():
