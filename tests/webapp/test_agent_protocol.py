@@ -113,6 +113,19 @@ def test_a_malformed_score_gets_one_error_line_and_is_not_stored(bob, client):
     assert client.get(f"/api/jobs/{job.pk}/").json()["eval"] == []
 
 
+def test_an_iteration_after_the_job_ended_in_the_same_batch_leaves_its_progress(bob):
+    device, credential = enrolled()
+    job = running_job(bob, [device])
+    it = {"type": "iteration", "iteration": 0, "loss": 2.0, "iteration_s": 0.1, "throughput": 80.0}
+    assert talk(credential, json.dumps(batch(it, job=job.pk))) == [{"type": "ack", "seq": 1}]
+    job.refresh_from_db()
+    assert job.progress == pytest.approx(1 / job.iterations) and job.latest["loss"] == 2.0
+    late = {**it, "iteration": 1, "loss": 1.0}  # read with the job still running, applied after it completed
+    talk(credential, json.dumps(batch(DONE, late, first=2, job=job.pk)), session="s1")
+    job.refresh_from_db()
+    assert job.status == "completed" and job.latest["loss"] == 2.0
+
+
 def test_a_device_cannot_spoof_steps_nor_write_into_finished_jobs(bob, client):
     device, credential = enrolled()
     other, _ = enrolled("nx-0", "jetson-xavier-nx")

@@ -146,16 +146,17 @@ def _device_state(row: JobDevice, state: str, **fields) -> None:
 def _apply(row: JobDevice, ev: dict) -> None:
     """What a (non-step) event means for the job and the device; then its line in the job's log (the catalogue's
     words) and the event to the job's browsers, whatever its kind."""
+    kind = ev["type"]
+    if kind == "iteration":  # the job's progress, in one statement (a batch's last iteration: dozens a second)
+        progress = min(1.0, (ev["iteration"] + 1) / row.job.iterations)
+        if Job.objects.filter(pk=row.job_id, status__in=Job.ACTIVE).update(latest=browser_event(ev), progress=progress):
+            notify(row.job_id, browser_event(ev))
+        return  # (a run that is over: no progress, and nothing for its charts)
     job = Job.objects.defer("comparison", "simulation").get(pk=row.job_id)  # (large, and not needed here)
-    kind, event = ev["type"], events.parse(ev)
+    event = events.parse(ev)
     said = event.level() is not None and event.line() is not None
     if kind == "device-start":
         _device_state(row, JobDevice.State.TRAINING)
-    elif kind == "iteration" and job.status in Job.ACTIVE:
-        progress = min(1.0, (ev["iteration"] + 1) / job.iterations)
-        Job.objects.filter(pk=job.pk).update(latest=browser_event(ev), progress=progress)
-    elif kind == "iteration":
-        return  # the run is over: no progress, and nothing for its charts
     elif kind == "device-done":
         _device_state(row, JobDevice.State.DONE, result={k: v for k, v in ev.items() if k != "type"})
         if not JobDevice.objects.filter(job=job).exclude(state=JobDevice.State.DONE).exists():
