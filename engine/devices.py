@@ -42,8 +42,9 @@ LAYER_OVERHEAD_S = 50e-6
 
 # The numbers a cluster file (and --bandwidth-mbps) may give, (least, most): past them a number is a typo, and
 # the planner's arithmetic breaks (memory_gb 1e30 overflows int64 bytes; gflops 1e308 or 1e-15 divides by zero).
-# The maxima are the web form's (webapp/devices/forms.py, webapp/jobs/forms.py). The minima sit far below any
-# real board, as a plan file's cluster may be a re-plan's: a board slowed down 1000x, a link its agent measured.
+# The web forms (webapp/devices/forms.py, webapp/jobs/forms.py) take their maxima from here. The minima sit far
+# below any real board, as a plan file's cluster may be a re-plan's: a board slowed down 1000x, a link its agent
+# measured.
 LIMITS: dict[str, tuple[float, float]] = {
     "memory_gb": (0.0, 1024.0),
     "reserved_gb": (0.0, 1024.0),

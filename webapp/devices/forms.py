@@ -2,11 +2,13 @@
 
 from django import forms
 
+from engine.devices import LIMITS
 from webapp.devices.models import Device
 from webapp.lib.fields import number
 
-MAX_MEMORY_GB = 1024.0
-MAX_GFLOPS = 1e6  # a board is a few TFLOPS; anything past a PFLOPS is a typo (and an absurd plan)
+# The cluster file's maxima (engine.devices.LIMITS): a board is a few TFLOPS; anything past a PFLOPS is a typo
+MAX_MEMORY_GB = LIMITS["memory_gb"][1]
+MAX_GFLOPS = LIMITS["gflops"][1]
 
 
 class DeviceForm(forms.ModelForm):

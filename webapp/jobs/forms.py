@@ -5,6 +5,7 @@ from __future__ import annotations
 from django import forms
 
 from engine.data import PATH_DATASETS, dataset_names, train_size
+from engine.devices import LIMITS
 from engine.errors import UserError
 from engine.models import get_model, model_names
 from engine.runtime.options import RunOptions, settable
@@ -23,7 +24,7 @@ class JobForm(forms.Form):
     batch_size = whole_number(1, MAX_BATCH, initial=64)
     iterations = whole_number(1, MAX_ITERATIONS, initial=20, required=False)
     epochs = number(0.01, MAX_EPOCHS, required=False, help_text="Instead of iterations: passes over the data.")
-    bandwidth_mbps = number(0.1, 1e6, label="Bandwidth (Mbps)", initial=1000.0)
+    bandwidth_mbps = number(0.1, LIMITS["bandwidth_mbps"][1], label="Bandwidth (Mbps)", initial=1000.0)
     compression = forms.ChoiceField(
         choices=[
             ("off", "off (float32)"),
