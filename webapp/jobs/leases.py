@@ -31,7 +31,7 @@ def this_process() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
-def _dead_here(owner: str) -> bool:
+def dead_here(owner: str) -> bool:
     """Whether `owner` was a process of this host that is gone."""
     host, _, rest = owner.partition(":")
     pid = rest.partition(":")[0]
@@ -66,7 +66,7 @@ def claim(job_ids: list[int], owner: str) -> list[int]:
     rows = Job.objects.filter(pk__in=job_ids).values_list("pk", "coordinator", "lease_until")
     won = []
     for pk, holder, lease in rows:
-        if holder and lease is not None and lease > now and holder != owner and not _dead_here(holder):
+        if holder and lease is not None and lease > now and holder != owner and not dead_here(holder):
             continue  # held by a live process
         seen = Q(coordinator=holder) & (Q(lease_until=lease) if lease is not None else Q(lease_until__isnull=True))
         if Job.objects.filter(seen, pk=pk).update(coordinator=owner, lease_until=until):

@@ -71,7 +71,8 @@ class Job(models.Model):
     # Its step and iteration events were archived to var/jobs/<job>/events.jsonl.gz, and most left the database
     # (webapp/jobs/retention.py).
     compacted = models.BooleanField(default=False)
-    # Which coordinators process runs its coordinator, and until when its lease holds (webapp/jobs/leases.py).
+    # Which process works on it, and until when its lease holds: while it plans, the Celery worker planning it
+    # (webapp/jobs/planlease.py); once it runs, the coordinators process running its coordinator (leases.py).
     coordinator = models.CharField(max_length=128, blank=True)
     lease_until = models.DateTimeField(null=True, blank=True)
 

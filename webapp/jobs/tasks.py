@@ -12,9 +12,10 @@ from django.utils import timezone
 from engine.errors import UserError
 from webapp.devices import liveness
 from webapp.devices.models import Device
+from webapp.jobs import planlease
 from webapp.jobs.ending import device_lost, fail
 from webapp.jobs.models import Job, JobDevice
-from webapp.jobs.notify import job_log, set_status
+from webapp.jobs.notify import job_log
 from webapp.jobs.planning import pick_devices, plan_all
 from webapp.jobs.retention import compact_finished
 
@@ -23,33 +24,41 @@ log = logging.getLogger(__name__)
 
 @shared_task(time_limit=settings.CELERY_TASK_TIME_LIMIT)
 def plan_job(job_id: int) -> str:
-    """Plan a queued job on its devices; the job ends up planned, or failed with the reason."""
-    if not Job.objects.filter(pk=job_id, status=Job.Status.QUEUED).update(status=Job.Status.PLANNING, progress=0.0):
+    """Plan a queued job on its devices; the job ends up planned, or failed with the reason. The worker holds the
+    job's planning lease meanwhile (webapp.jobs.planlease): one it lost (the job cancelled, or planned again after
+    this worker stalled) ends the task without touching the job."""
+    owner = planlease.this_process()
+    if not planlease.start(job_id, owner):
         return "not queued"
     job = Job.objects.get(pk=job_id)
 
     def progress(fraction: float, message: str) -> None:
-        set_status(job, Job.Status.PLANNING, message, round(fraction, 3))
+        planlease.report(job, owner, Job.Status.PLANNING, message, round(fraction, 3))
 
     try:
-        devices = pick_devices(job.requested_devices)
-        result = plan_all(job.model, job.batch_size, devices, job.bandwidth_mbps, progress, job.compression,
-                          job.option_values["schedule"], job.dataset)  # fmt: skip
-    except UserError as exc:
-        set_status(job, Job.Status.FAILED, str(exc), None, finished_at=timezone.now())
-        job_log(job, f"cannot plan: {exc}", "error")
-        return "failed"
-    except Exception as exc:  # a bug: the job must not stay "planning" forever; the traceback goes to the log
-        log.exception("planning job %s", job_id)
-        set_status(
-            job, Job.Status.FAILED, f"planning failed: {type(exc).__name__}: {exc}", None, finished_at=timezone.now()
-        )
-        job_log(job, f"planning failed unexpectedly ({type(exc).__name__}); see the worker's log", "error")
-        return "failed"
-    Job.objects.filter(pk=job_id).update(**result)
-    job.plan = result["plan"]
-    predicted = job.predicted_throughput
-    set_status(job, Job.Status.PLANNED, f"planned: {predicted:.1f} samples/s predicted", 1.0)
+        with planlease.renewing(job_id, owner):
+            try:
+                devices = pick_devices(job.requested_devices)
+                result = plan_all(job.model, job.batch_size, devices, job.bandwidth_mbps, progress, job.compression,
+                                  job.option_values["schedule"], job.dataset)  # fmt: skip
+            except UserError as exc:
+                planlease.report(job, owner, Job.Status.FAILED, str(exc), None, finished_at=timezone.now())
+                job_log(job, f"cannot plan: {exc}", "error")
+                return "failed"
+            except planlease.Lost:
+                raise
+            except Exception as exc:  # a bug: the job must not stay "planning" forever; the traceback goes to the log
+                log.exception("planning job %s", job_id)
+                message = f"planning failed: {type(exc).__name__}: {exc}"
+                planlease.report(job, owner, Job.Status.FAILED, message, None, finished_at=timezone.now())
+                job_log(job, f"planning failed unexpectedly ({type(exc).__name__}); see the worker's log", "error")
+                return "failed"
+        job.plan = result["plan"]
+        predicted = job.predicted_throughput
+        planlease.report(job, owner, Job.Status.PLANNED, f"planned: {predicted:.1f} samples/s predicted", 1.0, **result)
+    except planlease.Lost:
+        log.info("job %s: no longer planned by this worker (cancelled, or planned again); left as it is", job_id)
+        return "not ours"
     n = len(job.device_names)
     job_log(job, f"planned on {n} device{'s' if n != 1 else ''}: {predicted:.1f} samples/s predicted")
     return "planned"
@@ -57,7 +66,8 @@ def plan_job(job_id: int) -> str:
 
 @shared_task(time_limit=60)
 def health_check() -> dict:
-    """Mark devices without a recent heartbeat offline (failing their jobs), and fail launches nobody accepted."""
+    """Mark devices without a recent heartbeat offline (failing their jobs), fail launches nobody accepted, and plan
+    again the jobs whose planning worker stopped."""
     now = timezone.now()
     silent_after = timedelta(seconds=settings.ASTEROID_HEARTBEAT_S * settings.ASTEROID_MISSED_HEARTBEATS)
     lost = 0
@@ -79,6 +89,8 @@ def health_check() -> dict:
         unanswered += 1
         fail(job, f"device(s) {', '.join(waiting)} did not accept the job within "
                   f"{settings.ASTEROID_ACCEPT_TIMEOUT_S} s; are their agents running?")  # fmt: skip
+    for job_id in planlease.interrupted():  # its planning worker died (or hung): planned again by a live one
+        plan_job.delay(job_id)
     return {"offline": lost, "unaccepted": unanswered}
 
 
