@@ -51,6 +51,7 @@ def test_get_returns_status_plan_and_latest(planned, bob):
     ours = Prediction.from_dict(doc["comparison"]["asteroid"])
     assert ours.simulated_s and ours.expected_throughput == pytest.approx(planned.predicted_throughput)
     assert doc["predicted_throughput"] == pytest.approx(ours.expected_throughput)  # the figure its message names
+    assert doc["comparison"]["asteroid"]["expected_throughput"] == doc["predicted_throughput"]  # as the plan page
     assert f"{doc['predicted_throughput']:.1f} samples/s predicted" in doc["message"]
 
 

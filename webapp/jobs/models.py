@@ -174,9 +174,12 @@ class Job(models.Model):
                 {k: g[k] for k in ("generation", "reason", "start", "planning_real_s", "predicted_throughput")}
                 for g in self.generations
             ],
+            # each method's prediction, with its expected samples/s (simulated where it was), as the plan page shows
             "comparison": {
-                m: ({"error": p["error"]} if "error" in p else p["predicted"])
-                for m, p in (self.comparison or {}).items()
+                m: {"error": p}
+                if isinstance(p, str)
+                else {**p.predicted.to_dict(), "expected_throughput": p.predicted.expected_throughput}
+                for m, p in self.comparison_plans.items()
             },
             "latest": self.latest,
             # the plan's expected samples/s (simulated where it was), as the page and the messages say; the plan's
