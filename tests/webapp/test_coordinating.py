@@ -9,6 +9,7 @@ import json
 import pytest
 from django.utils import timezone
 
+from engine.errors import UserError
 from engine.events import DeviceLeft, DeviceLost, Eval, Recovered, Replan, Replay
 from tests.webapp.test_agent_protocol import batch, talk
 from tests.webapp.test_sockets import enrolled, running_job
@@ -16,6 +17,7 @@ from webapp.devices.models import Device
 from webapp.jobs.coordinating import RemoteFleet, apply_event
 from webapp.jobs.ingest import record_events
 from webapp.jobs.models import Job, JobAction, JobDevice, JobEvent
+from webapp.jobs.planning import pick_devices
 
 
 @pytest.fixture
@@ -196,6 +198,27 @@ def test_disabling_a_busy_device_keeps_its_job_and_removing_it_is_a_graceful_lea
     client.post(f"/devices/{nx.pk}/remove/")
     assert Device.objects.filter(pk=nx.pk).exists()  # it leaves the job first
     assert JobAction.objects.get(kind="remove").device == "nx-0"
+
+
+def test_a_busy_device_being_removed_takes_no_new_job_once_it_has_left(job, client, alice):
+    client.force_login(alice)
+    nx = Device.objects.get(name="nx-0")
+    r = client.post(f"/devices/{nx.pk}/remove/", follow=True)
+    said = [str(m) for m in r.context["messages"]]
+    assert said == [f"nx-0 leaves job {job.pk} at the next iteration boundary, its layers handed over, and is "
+                    "disabled: it takes no new jobs. Remove it again once it has left to delete it, or enable it "
+                    "to keep it."]  # fmt: skip
+    device = Device.objects.get(pk=nx.pk)
+    assert device.status == "disabled" and device.job_id == job.pk  # it goes on with its job until it leaves
+    apply_event(job.pk, DeviceLeft("nx-0", 3, 1).to_message())
+    device.refresh_from_db()
+    assert device.job_id is None and device.status == "disabled" and not device.available  # was back online
+    with pytest.raises(UserError, match=r"not online and idle: nx-0 \(disabled\)"):
+        pick_devices(["nx-0"])
+    assert "nx-0" not in [d.name for d in Device.objects.all() if d.available]  # nor by a job naming none
+    r = client.post(f"/devices/{nx.pk}/remove/", follow=True)
+    assert not Device.objects.filter(pk=nx.pk).exists()
+    assert [str(m) for m in r.context["messages"]] == ["nx-0 is removed."]
 
 
 # -- messages --------------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Staff taking a device out of service. Disabling stops new jobs only (a job it runs goes on with it); removing a
 device that takes part in a running job is a graceful leave of that job (its layers are handed over at the next
-iteration boundary), and removing an idle one deletes it and disconnects its agent. Here, not in webapp.devices,
-because it reaches into jobs."""
+iteration boundary) and disables it, so that no new job takes it before it is removed again, and removing an idle
+one deletes it and disconnects its agent. Here, not in webapp.devices, because it reaches into jobs."""
 
 from __future__ import annotations
 
@@ -37,8 +37,12 @@ def device_remove(request, device_id: int):
         except ActionError as exc:
             messages.error(request, f"{device.name} cannot leave job {row.job_id} now: {exc}")
             return redirect("devices")
+        # Held back from new jobs from now on (a job it runs goes on with it, as when disabled), so that once it
+        # has left it is not picked again before the second remove deletes it; enabling it keeps it instead.
+        Device.objects.filter(pk=device.pk).update(status=Device.Status.DISABLED)
         messages.info(request, f"{device.name} leaves job {row.job_id} at the next iteration boundary, its layers "
-                               "handed over; remove it again once it is idle to delete it.")  # fmt: skip
+                               "handed over, and is disabled: it takes no new jobs. Remove it again once it has left "
+                               "to delete it, or enable it to keep it.")  # fmt: skip
         return redirect("devices")
     disconnect_agent(device.pk)
     device.delete()
