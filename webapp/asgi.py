@@ -1,7 +1,9 @@
 """ASGI entry point served by daphne: HTTP (with static files), the browsers' job sockets and the agents' socket."""
 
+import logging
 import os
 
+import redis
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
@@ -14,6 +16,7 @@ from django.urls import path, re_path  # noqa: E402
 
 from webapp.accounts.sockets import SessionOrToken  # noqa: E402
 from webapp.agents.consumers import AgentConsumer  # noqa: E402
+from webapp.devices import liveness  # noqa: E402
 from webapp.jobs.consumers import JobConsumer  # noqa: E402
 
 websocket = URLRouter(
@@ -28,3 +31,8 @@ websocket = URLRouter(
 
 # One daphne process serves everything, static files included (from the finders, no collectstatic needed).
 application = ProtocolTypeRouter({"http": ASGIStaticFilesHandler(django_asgi), "websocket": websocket})
+
+try:  # boards reconnect within seconds: the health check waits a heartbeat period from here before missing any
+    liveness.listening()
+except redis.RedisError as exc:  # the site's Redis down: its children's own checks say so; boards may be missed
+    logging.getLogger(__name__).warning("could not note in Redis that this site listens: %s", exc)

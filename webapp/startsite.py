@@ -7,8 +7,9 @@ It takes its var dir's lock (one launcher per ASTEROID_VAR_DIR: webapp/launchloc
 unless REDIS_URL is set (else checks that one answers), applies migrations, makes sure an `admin` account exists,
 then runs daphne (webapp.asgi), a Celery worker with beat (planning, health checks), the jobs' coordinators
 (`manage.py coordinators`) and one emulated device
-agent per device of cluster `ASTEROID_CLUSTER` (default C; `none` for no agents), until Ctrl-C or SIGTERM,
-and stops everything it started. The agents enroll like real boards: the launcher registers their devices
+agent per device of cluster `ASTEROID_CLUSTER` (default C; `none` for no agents; a disabled device's too), until
+Ctrl-C or SIGTERM, starting again whatever of it dies (the embedded Redis included), and stops everything it
+started. The agents enroll like real boards: the launcher registers their devices
 and hands each a one-time enrollment token; their credentials are kept in var/agents/. Settings are read
 through webapp/env.py; a bad one, a busy port or var dir stops it with one `error:` line and exit status 2.
 """
@@ -176,7 +177,9 @@ def cluster_from_env():
 
 def agent_commands(cluster, server: str, state_dir: Path) -> dict[str, list[str]]:
     """The command line of an emulated agent per device of `cluster`, registering devices that are new.
-    A device whose saved credential no longer works (new database, revoked) gets a fresh enrollment token."""
+    A device whose saved credential no longer works (new database, revoked) gets a fresh enrollment token.
+    A disabled device's agent runs too, as a real board's would: it stays connected and visible, takes no jobs,
+    and is online as soon as staff enable it (webapp/agents/consumers.py)."""
     from engine.devices import SHORT
     from webapp.devices.models import Device
 
@@ -185,8 +188,7 @@ def agent_commands(cluster, server: str, state_dir: Path) -> dict[str, list[str]
     for d in cluster.devices:
         device, _ = Device.objects.get_or_create(name=d.name, defaults={"kind": d.kind})
         if device.status == Device.Status.DISABLED:
-            print(f"  {d.name} is disabled: its agent is not started")
-            continue
+            print(f"  {d.name} is disabled: its agent runs, and it takes no jobs until staff enable it")
         state = state_dir / f"{d.name}.json"
         args = [sys.executable, "-m", "workers.agent", "--server", server, "--emulate", SHORT[d.kind]]
         args += ["--state", str(state)]
@@ -207,11 +209,19 @@ def _saved_state(path: Path) -> State | None:
         return None
 
 
-def serve(listener: socket.socket, redis_url: str, redis_note: str, admin_password: str | None, cluster=None) -> int:
+def serve(
+    listener: socket.socket,
+    redis_url: str,
+    redis_note: str,
+    admin_password: str | None,
+    cluster=None,
+    redis: EmbeddedRedis | None = None,
+) -> int:
     """Run daphne on `listener`, Celery workers (one with beat), the coordinators and the emulated agents until a
     signal (ASTEROID_DAPHNES, ASTEROID_CELERY_WORKERS, ASTEROID_COORDINATORS of each; default one). A child
     that crashes is started again (its running jobs go on: a coordinator resumes each from its central replica);
-    one that keeps crashing stops the site, or, an agent, leaves its device offline."""
+    one that keeps crashing stops the site, or, an agent, leaves its device offline. So is the launcher's own
+    embedded Redis (`redis`), on its port: the children reconnect to it."""
     from django.conf import settings
 
     host, port = settings.ASTEROID_HOST, settings.ASTEROID_PORT
@@ -262,6 +272,12 @@ def serve(listener: socket.socket, redis_url: str, redis_note: str, admin_passwo
             print(f"  Emulated devices of cluster {cluster.name}: {', '.join(agents)} (their agents log below)")
         print("  Press Ctrl-C to stop.\n", flush=True)
         while True:
+            try:
+                said = redis.revive() if redis is not None else None
+            except CrashLoop as exc:
+                raise StartError(f"{exc}: stopping (see {redis.workdir / 'redis.log'})") from None
+            if said:
+                print(f"warning: {said}", flush=True)
             for child in procs.values():
                 try:
                     said = child.revive()
@@ -326,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
             redis_url, redis_note = redis.start(), "embedded, stops with this launcher"
         migrate()
         password = ensure_admin()
-        return serve(listener, redis_url, redis_note, password, cluster)
+        return serve(listener, redis_url, redis_note, password, cluster, redis)
     except (StartError, ImproperlyConfigured, RedisStartError, UserError, VarDirBusy) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

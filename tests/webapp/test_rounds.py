@@ -10,6 +10,7 @@ from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 
 from tests.webapp.test_sockets import HELLO, agent_socket, enrolled, running_job, say, watching
+from webapp.agents.consumers import FAILED
 from webapp.agents.rounds import rounds
 from webapp.devices.models import Device
 from webapp.jobs.models import JobEvent
@@ -90,7 +91,7 @@ def test_a_batch_that_fails_in_a_round_loses_only_itself(bob):
         await _together(agents, [steps(job, 0), steps(job, 1)], meanwhile=removed)
         assert await agents[0].receive_json_from(5) == {"type": "ack", "seq": 1}
         closed = await agents[1].receive_output(5)
-        assert closed == {"type": "websocket.close", "code": 1011}  # not acknowledged: the agent sends it again
+        assert closed == {"type": "websocket.close", "code": FAILED}  # not acknowledged: the agent sends it again
         await agents[0].disconnect()
 
     async_to_sync(run)()

@@ -200,6 +200,56 @@ def test_serves_starts_a_killed_child_again_then_stops_everything_on_sigterm(tmp
     assert [pid for pid in children if alive(pid)] == []
 
 
+def test_a_killed_embedded_redis_is_started_again_on_its_port(tmp_path):
+    """kill -9 of the embedded redis-server left it a zombie, unnoticed, and every child failing without it."""
+    import redis
+
+    launcher = subprocess.Popen([sys.executable, "-m", "webapp.startsite"], cwd=ROOT, env=launcher_env(tmp_path),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        lines = []
+        for line in launcher.stdout:
+            lines.append(line)
+            if "Press Ctrl-C to stop." in line:
+                break
+        url = re.search(r"Redis: (redis://127\.0\.0\.1:\d+/0) \(embedded", "".join(lines)).group(1)
+        before = {name_of(pid): pid for pid in children_of(launcher.pid)}
+        os.kill(before["redis"], signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while True:
+            now = {name_of(pid): pid for pid in children_of(launcher.pid) if alive(pid)}
+            if now.get("redis") not in (None, before["redis"]):
+                break
+            assert time.monotonic() < deadline, f"redis-server was not started again within 30 s: {now}"
+            time.sleep(0.2)
+        assert before["redis"] not in children_of(launcher.pid)  # reaped, not left a zombie
+        with redis.Redis.from_url(url, socket_timeout=5) as client:  # on the URL every child was given
+            assert client.ping() is True
+    finally:
+        launcher.send_signal(signal.SIGTERM)
+        rest, _ = launcher.communicate(timeout=60)
+    assert launcher.returncode == 0, rest
+    port = url.rsplit(":", 1)[1].split("/")[0]
+    warnings = [line for line in rest.splitlines() if "redis-server" in line and line.startswith("warning:")]
+    assert warnings == [f"warning: the embedded redis-server was killed (SIGKILL); started it again on port {port} "
+                        f"(pid {now['redis']})"], rest  # fmt: skip
+
+
+def test_the_agents_of_disabled_devices_are_started_too(db, tmp_path, capsys):
+    """Enabled later, a disabled device is online at its agent's next heartbeat: its agent runs, connected and
+    visible, and takes no jobs meanwhile (webapp/agents/consumers.py). It was left unstarted until a restart."""
+    from engine.devices import CLUSTERS
+    from webapp.devices.models import Device
+    from webapp.startsite import agent_commands
+
+    Device.objects.create(name="tx2-1", kind="jetson-tx2", status=Device.Status.DISABLED)
+    commands = agent_commands(CLUSTERS["C"], "http://127.0.0.1:8000", tmp_path / "agents")
+    assert sorted(commands) == sorted(d.name for d in CLUSTERS["C"].devices)
+    assert "--token" in commands["tx2-1"]  # it enrolls like the others
+    assert "tx2-1 is disabled: its agent runs, and it takes no jobs until staff enable it" in capsys.readouterr().out
+    assert Device.objects.get(name="tx2-1").status == Device.Status.DISABLED
+
+
 def test_two_daphne_processes_serve_one_port_and_one_killed_loses_no_request(tmp_path):
     env = launcher_env(tmp_path, ASTEROID_DAPHNES="2", ASTEROID_CELERY_WORKERS="2")
     port = env["ASTEROID_PORT"]

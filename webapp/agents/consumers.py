@@ -30,6 +30,7 @@ from webapp.lib.tokens import bearer
 log = logging.getLogger(__name__)
 
 REFUSED = 4401  # close code: bad or revoked credential
+FAILED = 4500  # close code: the site could not handle a message (daphne takes 1000 or 3000-4999, not 1011)
 INBOX = 64  # an agent's messages waiting for the database (an agent has one events message unacknowledged at a time)
 
 
@@ -176,7 +177,7 @@ class AgentConsumer(DirectDispatch, AsyncWebsocketConsumer):
             raise
         except Exception:
             log.exception("device %s: handling its message failed; closing its socket", self.device.name)
-            await self.close(code=1011)
+            await self.close(code=FAILED)
 
     async def send_json(self, message: dict) -> None:
         await self.send(text_data=json.dumps(message))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from webapp.lib.groups import group_send
+from webapp.lib.groups import group_send, try_group_send
 
 
 def agent_group(device_id: int) -> str:
@@ -12,6 +12,11 @@ def agent_group(device_id: int) -> str:
 def tell_agent(device_id: int, message: dict) -> None:
     """To the agent of a device, if it is connected (messages to an absent agent are dropped)."""
     group_send(agent_group(device_id), "agent.message", message)
+
+
+def try_tell_agent(device_id: int, message: dict) -> bool:
+    """`tell_agent`, best-effort: False (and a warning in the log) when the channel layer cannot be reached."""
+    return try_group_send(agent_group(device_id), "agent.message", message)
 
 
 def disconnect_agent(device_id: int) -> None:

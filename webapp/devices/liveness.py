@@ -3,11 +3,15 @@
     await heard(device_id)          # the agent socket (webapp.agents.consumers), in its event loop
     last_heard([1, 2, 3])           # the health check: {device id: unix time}, for those heard at all
     store_heard([1, 2, 3])          # the database's `last_heartbeat`, in rounds (webapp.agents.rounds)
+    listening()                     # a site process (daphne) starts taking agents' sockets
+    listening_since()               # the health check: no board is silent for longer than the site has listened
 
 The database's `Device.last_heartbeat` is written by the site's database thread, which an overloaded site runs
 minutes behind; a board whose heartbeats wait in that queue is still alive. The health check takes a device for
-offline only when neither says it was heard lately. One hash per site (named after its database, as the event
-streams are), so every site process and the Celery worker see the same times, and sites sharing a Redis never mix.
+offline only when neither says it was heard lately. Nor while the site has not been listening for a heartbeat period
+yet: boards are not heard while no site process takes their sockets (a restart), and reconnect within seconds. One
+hash per site (named after its database, as the event streams are), so every site process and the Celery worker see
+the same times, and sites sharing a Redis never mix.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from django.utils import timezone
 from webapp.devices.models import Device
 
 _clients: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # event loop -> its async client
+LISTENING = "listening"  # the hash's field (beside the device ids) of `listening`
 
 
 def _key() -> str:
@@ -55,6 +60,22 @@ def last_heard(device_ids: list[int]) -> dict[int, float]:
     with redis.Redis.from_url(settings.REDIS_URL, socket_timeout=30) as client:
         values = client.hmget(_key(), [str(i) for i in device_ids])
     return {i: float(v) for i, v in zip(device_ids, values) if v is not None}
+
+
+def listening() -> None:
+    """A site process takes agents' sockets from now (daphne, as it starts: webapp/asgi.py)."""
+    if settings.REDIS_URL:
+        with redis.Redis.from_url(settings.REDIS_URL, socket_timeout=30) as client:
+            client.hset(_key(), LISTENING, repr(time.time()))
+
+
+def listening_since() -> float:
+    """When a site process last started taking agents' sockets (unix time; 0.0 if none said so)."""
+    if not settings.REDIS_URL:
+        return 0.0
+    with redis.Redis.from_url(settings.REDIS_URL, socket_timeout=30) as client:
+        value = client.hget(_key(), LISTENING)
+    return float(value) if value is not None else 0.0
 
 
 def store_heard(device_ids: list[int]) -> None:

@@ -2,14 +2,19 @@
 and what a device going silent means for its job (its coordinator decides).
 
 Each end is a conditional UPDATE from an unfinished status, so two agents reporting at once cannot both end a job.
+The devices are freed in the database right after it, before anything is sent: telling the agents and the job's
+watchers is best-effort (a Redis that is down drops it, webapp/lib/groups.py), and cannot leave boards busy.
+Devices that an end cut short all the same (the process died between the two) are freed by `free_stranded`.
 """
 
 from __future__ import annotations
 
+from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from engine.metrics import measured_throughput
-from webapp.devices.agents import tell_agent
+from webapp.devices.agents import try_tell_agent
 from webapp.devices.models import Device
 from webapp.jobs.artifacts import assemble_model
 from webapp.jobs.models import Job, JobDevice, JobEvent
@@ -26,6 +31,7 @@ def finish(job: Job) -> None:
     """Every device is done: assemble the model, record the summary, free the devices."""
     if not Job.objects.filter(pk=job.pk, status__in=Job.ACTIVE).update(status=Job.Status.COMPLETED):
         return
+    release(Device.objects.filter(job=job))
     job.refresh_from_db()
     newest = {}  # an iteration replayed after a recovery counts once, as it was last run
     for it in JobEvent.objects.filter(job=job, type="iteration").values_list("data", flat=True):
@@ -38,7 +44,6 @@ def finish(job: Job) -> None:
         summary += f"; measured {measured:.1f} samples/s against {job.predicted_throughput:.1f} predicted"
     latest = {**job.latest, "measured_throughput": measured} if measured else job.latest  # the list's, the page's
     set_status(job, Job.Status.COMPLETED, summary, 1.0, finished_at=timezone.now(), latest=latest)
-    release(Device.objects.filter(job=job))
     job_log(job, f"completed: {summary}")
     after(lambda: _assemble(job))
 
@@ -55,9 +60,9 @@ def fail(job: Job, message: str, overrule: bool = False) -> None:
     if Job.objects.filter(pk=job.pk, status__in=(*Job.ACTIVE, Job.Status.PLANNED)).update(
         status=Job.Status.FAILED, message=message, finished_at=timezone.now()
     ):
+        _stop_devices(job)
         job.refresh_from_db()
         notify(job.pk, {"type": "status", "status": job.status, "progress": job.progress, "message": message})
-        _stop_devices(job)
         job_log(job, message, "error")
     elif overrule and job.status == Job.Status.FAILED:
         Job.objects.filter(pk=job.pk).update(message=message)
@@ -72,18 +77,34 @@ def cancel(job: Job) -> bool:
         .update(status=Job.Status.CANCELLED, finished_at=timezone.now())
     ):
         return False
+    _stop_devices(job)
     job.refresh_from_db()
     set_status(job, Job.Status.CANCELLED, "cancelled by its owner", job.progress)
-    _stop_devices(job)
     job_log(job, "cancelled", "warning")
     return True
 
 
 def _stop_devices(job: Job) -> None:
-    for row in JobDevice.objects.filter(job=job).exclude(state__in=(JobDevice.State.DONE, JobDevice.State.FAILED)):
-        if row.device_id:
-            tell_agent(row.device_id, {"type": "cancel", "job": job.pk})
+    """Free the job's devices, then tell the agents still in it to stop (best-effort: one that misses it stops its
+    device process when the job's store goes away)."""
     release(Device.objects.filter(job=job))
+    for row in JobDevice.objects.filter(job=job).exclude(state__in=(JobDevice.State.DONE, JobDevice.State.FAILED)):
+        if row.device_id and not try_tell_agent(row.device_id, {"type": "cancel", "job": job.pk}):
+            break  # the channel layer is down: the others' would be dropped as well
+
+
+def free_stranded() -> list[str]:
+    """Free the devices held by a job that has finished, or busy with no job (a deleted job's), as a job's end
+    does: left so when an end was cut short (the site or Redis died half-way). The health check calls it (every
+    ASTEROID_HEARTBEAT_S: within seconds of the site starting again); returns the names of the devices it freed."""
+    with transaction.atomic():
+        stranded = Device.objects.filter(Q(job__status__in=Job.FINISHED) | Q(status=Device.Status.BUSY, job=None))
+        held = list(stranded.values_list("pk", "name", "job_id"))
+        release(stranded)  # (the filter again in each UPDATE: a device a launch has just taken is left alone)
+    for pk, _name, job_id in held:
+        if job_id is not None and not try_tell_agent(pk, {"type": "cancel", "job": job_id}):
+            break
+    return [name for _pk, name, _job in held]
 
 
 def device_lost(device: Device, why: str) -> None:

@@ -1,4 +1,5 @@
-"""Telling a job's watchers: every browser (or script) on `/ws/jobs/<id>/` is in the Channels group `job.<id>`."""
+"""Telling a job's watchers: every browser (or script) on `/ws/jobs/<id>/` is in the Channels group `job.<id>`.
+Best-effort: the database holds the state, which a page reads back when its socket reconnects."""
 
 from __future__ import annotations
 
@@ -11,18 +12,19 @@ from django.utils import timezone
 
 from engine import events
 from webapp.jobs.models import Job, JobEvent
-from webapp.lib.groups import group_send
+from webapp.lib.groups import try_group_send
 
 _held = threading.local()
 
 
 def notify(job_id: int, message: dict) -> None:
-    """To every browser (or script) watching the job (after the block, inside `held()`)."""
+    """To every browser (or script) watching the job (after the block, inside `held()`); never raises: a channel
+    layer that cannot be reached (Redis down) drops it, with a warning in the log (webapp/lib/groups.py)."""
     messages = getattr(_held, "messages", None)
     if messages is not None:
         messages.append((job_id, message))
     else:
-        group_send(f"job.{job_id}", "job.message", message)
+        try_group_send(f"job.{job_id}", "job.message", message)
 
 
 def after(action: Callable[[], None]) -> None:
@@ -58,7 +60,7 @@ def held(frames: list[tuple[str, dict]] | None = None) -> Iterator[None]:
         for job_id, batch in by_job.items():  # one frame per watcher, however many events the block applied
             relayed = batch[0] if len(batch) == 1 else {"type": "batch", "messages": batch}
             if frames is None:
-                group_send(f"job.{job_id}", "job.message", relayed)
+                try_group_send(f"job.{job_id}", "job.message", relayed)
             else:
                 frames.append((f"job.{job_id}", relayed))
     finally:

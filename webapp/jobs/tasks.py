@@ -13,7 +13,7 @@ from engine.errors import UserError
 from webapp.devices import liveness
 from webapp.devices.models import Device
 from webapp.jobs import planlease
-from webapp.jobs.ending import device_lost, fail
+from webapp.jobs.ending import device_lost, fail, free_stranded
 from webapp.jobs.models import Job, JobDevice
 from webapp.jobs.notify import job_log
 from webapp.jobs.planning import pick_devices, plan_all
@@ -74,8 +74,9 @@ def health_check() -> dict:
     alive = (Device.Status.ONLINE, Device.Status.BUSY)
     stale = list(Device.objects.filter(status__in=alive, last_heartbeat__lt=now - silent_after))
     heard = liveness.last_heard([d.pk for d in stale])  # read by a site whose database thread is behind
+    since = liveness.listening_since()  # a site restarted lately: its boards have not had a period to reconnect
     for device in stale:
-        if heard.get(device.pk, 0.0) > now.timestamp() - silent_after.total_seconds():
+        if max(heard.get(device.pk, 0.0), since) > now.timestamp() - silent_after.total_seconds():
             continue
         if Device.objects.filter(pk=device.pk, last_heartbeat=device.last_heartbeat).update(
             status=Device.Status.OFFLINE
@@ -91,6 +92,9 @@ def health_check() -> dict:
                   f"{settings.ASTEROID_ACCEPT_TIMEOUT_S} s; are their agents running?")  # fmt: skip
     for job_id in planlease.interrupted():  # its planning worker died (or hung): planned again by a live one
         plan_job.delay(job_id)
+    freed = free_stranded()  # still held by a job whose end was cut short (the site or Redis died half-way)
+    if freed:
+        log.warning("freed %s: held by a finished job or by none", ", ".join(freed))
     return {"offline": lost, "unaccepted": unanswered}
 
 
