@@ -25,7 +25,7 @@ from dataclasses import replace
 from engine.errors import UserError
 from engine.events import DeviceError, JobStopped
 from workers.outbox import Outbox
-from workers.site import HttpError, Site
+from workers.site import HttpError, NotHttp, Site
 from workers.storelink import Relay
 
 log = logging.getLogger("workers.device")
@@ -53,8 +53,8 @@ def upload_part(site: Site, credential: str, job, data: bytes) -> None:
         except HttpError as exc:
             if exc.status < 500 or attempt == UPLOAD_TRIES:
                 raise
-        except OSError:
-            if attempt == UPLOAD_TRIES:
+        except OSError as exc:
+            if attempt == UPLOAD_TRIES or isinstance(exc, NotHttp):  # not HTTP there: asking again does not help
                 raise
         time.sleep(delay)  # waiting out a site restart, on the supervisor thread (never the event loop)
         delay *= 2

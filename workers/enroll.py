@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from engine.errors import UserError
-from workers.site import HttpError, Site
+from workers.site import HttpError, NotHttp, Site
 
 ENROLL_PATH = "/api/agent/enroll/"
 
@@ -62,6 +62,10 @@ def enroll(site: Site, token: str, tries: int = ENROLL_TRIES) -> State:
                     "get a new one from the site's Devices page"
                 ) from None
             problem = f"enrollment at {site.url} failed: HTTP {exc.status} {exc.message}"
+        except NotHttp as exc:  # another service answers there: asking again does not help
+            raise UserError(
+                f"cannot reach the server at {site.url}: {exc}; is --server the site's address and port?"
+            ) from None
         except urllib.error.URLError as exc:
             problem = f"cannot reach the server at {site.url}: {exc.reason}"
         except OSError as exc:  # timeouts, resets

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import http.client
+import ipaddress
 import json
+import unicodedata
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from engine.errors import UserError
 
@@ -19,6 +22,11 @@ class HttpError(Exception):
     def __init__(self, status: int, message: str):
         super().__init__(f"HTTP {status}: {message}")
         self.status, self.message = status, message
+
+
+class NotHttp(OSError):
+    """What answered at the site's address does not speak HTTP (another service on that port, a garbled reply):
+    asking again does not help. An OSError, so every caller that handles an unreachable site handles it too."""
 
 
 @dataclass(frozen=True)
@@ -34,9 +42,15 @@ class Site:
         parts = _split(url)
         if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or parts.query:
             raise UserError(f"--server must be an http(s) URL like http://HOST:8000, got {url!r}")
-        base = f"{parts.scheme}://{parts.netloc}{parts.path.rstrip('/')}"
+        netloc = _ascii_netloc(parts)
+        if netloc is None:
+            raise UserError(
+                f"--server {url!r} is not a valid server URL: {parts.hostname!r} is not a host name or address"
+            )
+        path = quote(parts.path.rstrip("/"), safe="/%:@!$&'()*+,;=~")  # HTTP request lines are ASCII
+        base = f"{parts.scheme}://{netloc}{path}"
         scheme = "wss" if parts.scheme == "https" else "ws"
-        return cls(base, f"{scheme}://{parts.netloc}{parts.path.rstrip('/')}/ws/agent/")
+        return cls(base, f"{scheme}://{netloc}{path}/ws/agent/")
 
     @property
     def host(self) -> str:
@@ -63,6 +77,10 @@ class Site:
                 text = reply.read()
         except urllib.error.HTTPError as exc:
             raise HttpError(exc.code, error_message(exc)) from None
+        except (http.client.HTTPException, ValueError) as exc:  # BadStatusLine, IncompleteRead, a bad header ...
+            if isinstance(exc, OSError):  # RemoteDisconnected: a reset, retried like any
+                raise
+            raise NotHttp(f"no HTTP answer ({type(exc).__name__}: {_short(exc)})") from None
         if not text.strip():
             return {}
         try:
@@ -84,6 +102,34 @@ def _split(url: str):
     except ValueError:
         return None
     return parts
+
+
+def _ascii_netloc(parts) -> str | None:
+    """The URL's [user@]host[:port] as it goes on the wire (an internationalized name in its IDNA form); None for
+    a host no resolver takes: a character other than letters, digits, '-', '.', '_' (an emoji, a space), or a
+    label of more than 63 characters."""
+    host = parts.hostname
+    try:
+        ipaddress.ip_address(host)
+        return parts.netloc
+    except ValueError:
+        pass
+    if not all(c in "-._" or unicodedata.category(c)[0] in "LNM" for c in host):
+        return None
+    try:
+        wire = host.encode("idna").decode("ascii")
+    except UnicodeError:
+        return None
+    if host.isascii():
+        return parts.netloc  # as given, its case included (the state file names the site by this URL)
+    if "@" in parts.netloc:
+        return None  # credentials in a URL are not how the site is reached; not worth rewriting
+    return wire if parts.port is None else f"{wire}:{parts.port}"
+
+
+def _short(exc: Exception) -> str:
+    text = str(exc).strip() or "no details"
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def error_message(exc: urllib.error.HTTPError) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -35,3 +36,40 @@ def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+@contextmanager
+def not_http(banner: bytes = b"SSH-2.0-OpenSSH\r\n") -> Iterator[int]:
+    """A plain TCP server on 127.0.0.1 that answers every connection with `banner` (another service on the port
+    --server names): yields its port, then closes it."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.2)
+    done = threading.Event()
+
+    def answer(conn: socket.socket) -> None:
+        with conn:
+            try:
+                conn.sendall(banner)
+                conn.settimeout(2.0)
+                conn.recv(65536)
+            except OSError:
+                pass
+
+    def serve() -> None:
+        while not done.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            threading.Thread(target=answer, args=(conn,), daemon=True).start()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        done.set()
+        thread.join(2)
+        listener.close()

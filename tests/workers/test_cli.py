@@ -14,6 +14,7 @@ import pytest
 
 from engine.devices import KINDS
 from tests.workers.fakesite import FakeSite
+from tests.workers.httpfakes import not_http
 from workers.enroll import State, save_state, token_digest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,12 +50,23 @@ def finish(proc: subprocess.Popen, timeout: float = 30) -> tuple[int, list[str]]
         (["--server", "http://h:8000", "--emulate", "orin"], "unknown device kind 'orin'; known kinds:"),
         (["--server", "http://h:8000"], "no credential for http://h:8000 (no state file "),
         (["--server", "http://127.0.0.1:1", "--token", "t"], "cannot reach the server at http://127.0.0.1:1"),
+        (["--server", "http://\u00f1\U0001f600:8000", "--token", "t"], "is not a valid server URL"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, argv, message):
     code, err = finish(agent(tmp_path, *argv))
     assert code == 2
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+
+
+def test_a_server_that_does_not_speak_http_is_one_line_at_once(tmp_path):
+    with not_http() as port:
+        started = time.monotonic()
+        code, err = finish(agent(tmp_path, "--server", f"http://127.0.0.1:{port}", "--token", "t"))
+    assert code == 2
+    assert len(err) == 1 and err[0].startswith(f"error: cannot reach the server at http://127.0.0.1:{port}: "), err
+    assert "no HTTP answer" in err[0]
+    assert time.monotonic() - started < 15  # not asked again: another service on that port stays one
 
 
 def test_a_rejected_token_is_one_line(tmp_path):

@@ -7,8 +7,9 @@ import pytest
 
 from engine.errors import UserError
 from tests.workers.fakesite import FakeSite
+from tests.workers.httpfakes import not_http
 from workers.enroll import State, default_state_path, enroll, load_state, obtain, save_state
-from workers.site import Site
+from workers.site import NotHttp, Site
 
 
 @pytest.fixture
@@ -48,6 +49,23 @@ def test_site_urls():
     for bad in ("h:8000", "ftp://h", "http://", "http://h:notaport", "http://h:70000"):
         with pytest.raises(UserError, match="--server must be an http"):
             Site.parse(bad)
+
+
+def test_a_server_url_no_request_can_carry_is_refused_up_front():
+    for bad in ("http://\u00f1\U0001f600:8000", "http://a b:8000", "http://" + "a" * 64 + ".lan:8000"):
+        with pytest.raises(UserError, match="is not a valid server URL"):
+            Site.parse(bad)
+    # an internationalized name goes on the wire in its IDNA form, a path percent-encoded; an ASCII one as given
+    assert Site.parse("http://b\u00fccher.lan:8000/a b").url == "http://xn--bcher-kva.lan:8000/a%20b"
+    assert Site.parse("http://HOST:8000").url == "http://HOST:8000"
+
+
+def test_a_server_that_does_not_speak_http_is_unreachable_not_a_crash():
+    with not_http() as port:
+        with pytest.raises(NotHttp, match="no HTTP answer .BadStatusLine"):
+            Site.parse(f"http://127.0.0.1:{port}").post_json("/api/x/", {})
+        with pytest.raises(UserError, match=f"cannot reach the server at http://127.0.0.1:{port}: no HTTP answer"):
+            enroll(Site.parse(f"http://127.0.0.1:{port}"), "tok-1", tries=1)
 
 
 def test_enroll_exchanges_the_token_once(site):

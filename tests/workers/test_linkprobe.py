@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.workers.httpfakes import JsonHandler, serving
+from tests.workers.httpfakes import JsonHandler, not_http, serving
 from workers.linkprobe import FIRST_BYTES, MAX_BYTES, SENDS, measure_link
 from workers.site import Site
 
@@ -63,3 +63,9 @@ def test_a_site_that_cannot_take_the_probe_leaves_the_link_unmeasured(site, capl
     assert measure_link(site, "credential") is None
     assert "could not measure this board's link" in caplog.text
     assert measure_link(Site.parse("http://127.0.0.1:9"), "credential") is None  # nothing listens
+
+
+def test_a_site_address_that_does_not_speak_http_is_no_measurement(caplog):
+    with not_http() as port:
+        assert measure_link(Site.parse(f"http://127.0.0.1:{port}"), "cred") is None
+    assert "no HTTP answer" in caplog.text

@@ -1,12 +1,13 @@
 """Regressions in workers/: one test per bug found, named after it, with a comment saying what went wrong."""
 
 import json
+import logging
 import threading
 import time
 from http.server import ThreadingHTTPServer
 
 from engine.errors import UserError
-from tests.workers.httpfakes import JsonHandler
+from tests.workers.httpfakes import JsonHandler, not_http
 from workers.enroll import enroll
 from workers.site import Site
 
@@ -59,3 +60,49 @@ def test_a_nan_loss_leaves_the_agent_as_json_null():
     (entry,) = outbox.pending()
     assert entry["event"]["loss"] is None
     json.dumps(entry, allow_nan=False)  # what the connection sends is strict JSON
+
+
+# A --server port where something other than HTTP answers (an SSH banner) ended the agent in a traceback
+# (http.client.BadStatusLine out of Site.send, which caught only HTTPError/URLError): enrollment, a model part's
+# upload and the link probe each crashed instead of saying so. The upload now fails at once with the reason in
+# the event, and the long-running session loop keeps retrying with a logged reason.
+def test_a_model_part_upload_to_something_not_http_fails_at_once_with_the_reason():
+    from workers.device import Runner, _Seen
+    from workers.outbox import Outbox
+
+    with not_http() as port:
+        outbox = Outbox()
+        runner = Runner(Site.parse(f"http://127.0.0.1:{port}"), "cred", outbox)
+        started = time.monotonic()
+        runner._relay(7, {"type": "device-done", "state_dict": b"weights"}, _Seen())
+        assert time.monotonic() - started < 5  # no retries with growing pauses
+    (entry,) = outbox.pending()
+    assert entry["event"]["part"] is False
+    assert "no HTTP answer (BadStatusLine" in entry["event"]["part_error"]
+
+
+def test_the_agent_keeps_retrying_a_site_address_that_does_not_speak_http(caplog):
+    from workers.agent import Agent
+    from workers.probe import Capacity
+
+    with not_http() as port, caplog.at_level(logging.INFO, logger="workers"):
+        agent = Agent(f"http://127.0.0.1:{port}", "cred", capacity=Capacity("nano", True, 2**32, 200.0, 30.0))
+        failed = []
+        thread = threading.Thread(target=lambda: _run(agent, failed), daemon=True)
+        thread.start()
+        try:
+            time.sleep(1.6)  # a few attempts: 0.5 s, then 1 s, jittered
+            assert thread.is_alive() and not agent.connected.is_set()
+        finally:
+            agent.stop()
+            thread.join(10)
+    assert not failed, failed
+    retries = [r.getMessage() for r in caplog.records if "retrying in" in r.getMessage()]
+    assert len(retries) >= 2 and "did not receive a valid HTTP response" in retries[0], retries
+
+
+def _run(agent, failed: list) -> None:
+    try:
+        agent.run()
+    except BaseException as exc:  # noqa: BLE001 - what ended the loop is the test's finding
+        failed.append(repr(exc))

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from engine.errors import ErrorFirstParser
 from workers.testbed import Testbed, TestbedError
@@ -80,19 +84,35 @@ def table(tb: Testbed, live: bool) -> str:
     return "\n".join([*lines, f"site address {tb.site_address} (on {tb.bridge}, subnet {tb.subnet})"])
 
 
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM (kill, a CI timeout, systemd) ends the command as Ctrl-C does: a KeyboardInterrupt, so every
+    `finally` runs and what was built (namespaces, bridge, state file, the boards' processes) is torn down. A
+    second SIGTERM during that teardown is ignored, so it cannot cut the teardown short."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers belong to the main thread; a caller elsewhere keeps its own
+        return
+
+    def interrupt(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["bench"]:  # a lab on a testbed of its own, measured (workers/testbed/bench.py)
-        from workers.testbed.bench import main as bench
-
-        try:
-            return bench(argv[1:])
-        except TestbedError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-    args = parser().parse_args(argv)
     try:
-        return dispatch(args)
+        with sigterm_as_interrupt():
+            if argv[:1] == ["bench"]:  # a lab on a testbed of its own, measured (workers/testbed/bench.py)
+                from workers.testbed.bench import main as bench
+
+                return bench(argv[1:])
+            return dispatch(parser().parse_args(argv))
     except TestbedError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -5,6 +5,7 @@ re-partition (results for docs/benchmarks.md)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import statistics
 import tempfile
@@ -12,9 +13,11 @@ import threading
 import time
 from pathlib import Path
 
+from engine.errors import ErrorFirstParser
 from webapp.embedded_redis import free_port
 from workers.testbed.faults import Testbed
 from workers.testbed.lab import Lab
+from workers.testbed.net import TestbedError
 
 DEVICES = [("nx-0", "jetson-xavier-nx", "b0"), ("tx2-0", "jetson-tx2", "b1"), ("nano-0", "jetson-nano", "b2")]
 JOB = {"model": "mobilenetv2", "dataset": "synthetic", "batch_size": 32, "iterations": 12}
@@ -97,22 +100,37 @@ def throttled(lab: Lab, out: list[str], results: dict) -> None:
     out.append(f"The job's log: `{said}`")
 
 
+def writable(name: str) -> Path:
+    """FILE of --json, checked before anything is built (a bench takes many minutes): TestbedError when it could
+    not be written at the end."""
+    path = Path(name).expanduser()
+    parent = path.parent.resolve()
+    if path.is_dir():
+        problem = "it is a directory"
+    elif not parent.is_dir():
+        problem = f"there is no directory {parent}"
+    elif not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        problem = "permission denied"
+    else:
+        return path
+    raise TestbedError(f"cannot write --json {name}: {problem}")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run every measurement on a fresh testbed; print the tables (markdown) and, with --json FILE, the numbers."""
-    import argparse
-
-    p = argparse.ArgumentParser(
+    p = ErrorFirstParser(
         prog="python -m workers.testbed bench",
         description="A lab on a testbed of its own, measured (docs/benchmarks.md).",
     )
     p.add_argument("--json", metavar="FILE", help="also write the numbers to FILE")
     args = p.parse_args(argv)
+    json_path = writable(args.json) if args.json else None
     out: list[str] = []
     results: dict = {}
     started = time.monotonic()
     tb = Testbed(name="abench", boards=len(DEVICES), subnet="198.18.45.0/24", rate=None)
-    tb.up()
     try:
+        tb.up()  # on a failure or an interrupt (Ctrl-C, SIGTERM) in there, it removes what it made itself
         with tempfile.TemporaryDirectory() as var, Lab(tb, Path(var), free_port(), DEVICES,
                                                        ASTEROID_STORE_PORT=free_port()) as lab:  # fmt: skip
             out += ["### Measured against predicted throughput at two link rates (all three boards shaped)", "",
@@ -136,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
         tb.down()
     out += ["", f"({time.monotonic() - started:.0f} s in all)"]
     print("\n".join(out))
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+    if json_path is not None:
+        try:
+            json_path.write_text(json.dumps(results, indent=1) + "\n")
+        except OSError as exc:  # changed since the check: the tables above are printed all the same
+            raise TestbedError(f"cannot write --json {args.json}: {exc.strerror or exc}") from None
     return 0
