@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.errors import UserError
+from engine.errors import UserError, known_fields
 
 GIB = 1024**3
 
@@ -52,6 +52,11 @@ LIMITS: dict[str, tuple[float, float]] = {
     "bandwidth_mbps": (1e-3, 1e6),  # a cluster's, or one board's own link
     "latency_ms": (0.0, 10_000.0),
 }
+
+
+# The fields of a cluster file and of each of its devices: what Cluster.to_dict and Device.to_dict write, no more
+CLUSTER_FIELDS = ("name", "bandwidth_mbps", "latency_ms", "devices")
+DEVICE_FIELDS = ("name", "kind", "memory_gb", "gflops", "reserved_gb", "bandwidth_mbps", "probe")
 
 
 def in_limits(what: str, key: str, value: object) -> float:
@@ -207,6 +212,7 @@ class Cluster:
         """Parse a cluster document; every mistake names the field."""
         if not isinstance(doc, dict):
             raise UserError("cluster file: top level must be a JSON object with a 'devices' list")
+        known_fields(doc, CLUSTER_FIELDS, "cluster file")
         devices_doc = doc.get("devices")
         if not isinstance(devices_doc, list) or not devices_doc:
             raise UserError("cluster file: 'devices' must be a non-empty list")
@@ -215,6 +221,7 @@ class Cluster:
             where = f"cluster file: devices[{i}]"
             if not isinstance(d, dict):
                 raise UserError(f'{where} must be an object like {{"name": "nano-0", "kind": "jetson-nano"}}')
+            known_fields(d, DEVICE_FIELDS, where)
             dev_name = d.get("name")
             if not isinstance(dev_name, str) or not dev_name:
                 raise UserError(f"{where}.name must be a non-empty string")

@@ -7,6 +7,14 @@ class UserError(Exception):
     """Bad input (unknown model, malformed cluster file, infeasible plan): shown as one line, exit 2."""
 
 
+def known_fields(doc: dict, known: tuple[str, ...], where: str) -> None:
+    """UserError naming the first key of `doc` not in `known` (a typo would otherwise be silently ignored and
+    its default used); `where` prefixes the message, e.g. `cluster file: devices[0]`."""
+    for key in doc:
+        if key not in known:
+            raise UserError(f"{where}: unknown field {str(key)!r:.40} (known: {', '.join(known)})")
+
+
 class OneLineParser(argparse.ArgumentParser):
     """argparse that reports a usage mistake as one line, `<prog>: error: <message> (see --help)`, and exits 2.
 

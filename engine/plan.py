@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from engine.devices import Cluster, in_limits
-from engine.errors import UserError
+from engine.errors import UserError, known_fields
 from engine.schedule import SCHEDULES
 
 OFF = 32  # the level of an uncompressed boundary (float32); engine.compression has the codec
@@ -16,6 +16,14 @@ GRADIENT_MIN_BITS = 8  # gradients tolerate fewer lost bits than activations: th
 # The stage's gradient all-reduce: float32 ("off"), or sent as 16-bit floats through torch's DDP communication
 # hooks (fp16_compress_hook / bf16_compress_hook), halving the bytes. Bytes per gradient value on the wire:
 ALLREDUCE = {"off": 4, "fp16": 2, "bf16": 2}
+
+
+# The fields of a plan file: what Plan.to_dict writes
+PLAN_FIELDS = ("method", "model", "batch_size", "micro_batches", "bandwidth_mbps", "stages", "cluster", "compression",
+               "delta_samples", "allreduce", "schedule", "predicted")  # fmt: skip
+# Who made a plan: a planner of engine.planners.PLANNERS, "hand" (written by hand, the tests' plans), or a rival
+# runtime's own plan (engine.runtime.rivals: "ddp", "pipelining").
+METHODS = ("asteroid", "dp", "gpipe", "pipedream", "ftpipehd", "exhaustive", "hand", "ddp", "pipelining")
 
 
 def gradient_bits(level: int) -> int:
@@ -243,6 +251,7 @@ class Plan:
         `keep_prediction`: the web app shows the prediction its planner stored with the plan."""
         if not isinstance(doc, dict):
             raise UserError("plan: top level must be a JSON object")
+        known_fields(doc, PLAN_FIELDS, "plan")
 
         def need(key: str, kind: type | tuple[type, ...]):
             if key not in doc:
@@ -260,6 +269,7 @@ class Plan:
         for k, st in enumerate(need("stages", list)):
             if not isinstance(st, dict):
                 raise UserError(f"plan: stages[{k}] must be an object with 'layers' and 'devices'")
+            known_fields(st, ("layers", "devices"), f"plan: stages[{k}]")
             layers = st.get("layers")
             if not (isinstance(layers, list) and len(layers) == 2 and all(type(x) is int for x in layers)):
                 raise UserError(f"plan: stages[{k}].layers must be [start, end] integers")
@@ -270,6 +280,7 @@ class Plan:
             for d, dev in enumerate(devs):
                 if not (isinstance(dev, dict) and isinstance(dev.get("name"), str) and type(dev.get("samples")) is int):
                     raise UserError(f'plan: stages[{k}].devices[{d}] must be {{"name": str, "samples": int}}')
+                known_fields(dev, ("name", "samples"), f"plan: stages[{k}].devices[{d}]")
                 shares.append(Share(dev["name"], dev["samples"]))
             stages.append(Stage(layers[0], layers[1], tuple(shares)))
         batch_size = need("batch_size", int)
@@ -296,7 +307,10 @@ class Plan:
         delta = doc.get("delta_samples", 0)
         if type(delta) is not int or delta < 0:
             raise UserError(f"plan: field 'delta_samples' must be a whole number >= 0, got {delta!r:.40}")
+        method = need("method", str)
+        if method not in METHODS:
+            raise UserError(f"plan: field 'method' must be one of {', '.join(METHODS)}, got {method!r:.40}")
         return cls(
-            str(need("method", str)), need("model", str), batch_size, micro_batches, tuple(stages), cluster, predicted,
+            method, need("model", str), batch_size, micro_batches, tuple(stages), cluster, predicted,
             compression, allreduce, sched, delta if compression else 0,
         )  # fmt: skip

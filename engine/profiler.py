@@ -308,9 +308,35 @@ def cached_profile(
                 return cached
         except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
             pass  # corrupt or outdated: profile again below
+    _make_cache_dir(path.parent, cache_dir)  # before profiling: a bad directory is one line at once
     profile = profile_model(spec, micro_batch, optimizer=optimizer, progress=progress, **kw)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(profile.to_dict(), indent=1))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(profile.to_dict(), indent=1))
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise UserError(f"{_cache_dir_text(path.parent, cache_dir)} is not a writable directory ({exc})") from None
     return profile
+
+
+def _cache_dir_text(directory: Path, cache_dir: str | Path | None) -> str:
+    """How the cache directory is named in an error: the variable that set it, if one did."""
+    if cache_dir is None and os.environ.get("ASTEROID_CACHE_DIR"):
+        return f"ASTEROID_CACHE_DIR={os.environ['ASTEROID_CACHE_DIR']}"
+    return f"profile cache {directory}"
+
+
+def _make_cache_dir(directory: Path, cache_dir: str | Path | None) -> None:
+    """Make the cache directory; UserError (a user's mistake, e.g. $ASTEROID_CACHE_DIR a file) if it cannot be
+    made or written in."""
+    try:
+        if directory.exists() and not directory.is_dir():
+            raise UserError(f"{_cache_dir_text(directory, cache_dir)} is not a writable directory (it is a file)")
+        directory.mkdir(parents=True, exist_ok=True)
+        problem = None if os.access(directory, os.W_OK | os.X_OK) else "no permission to write in it"
+    except OSError as exc:
+        problem = exc.strerror or str(exc)
+        if exc.filename and str(exc.filename) != str(directory):
+            problem += f": {exc.filename}"
+    if problem:
+        raise UserError(f"{_cache_dir_text(directory, cache_dir)} is not a writable directory ({problem})")

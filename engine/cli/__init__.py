@@ -14,7 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from engine.cli.outputs import check_output
+from engine.cli.outputs import check_distinct, check_output
 from engine.cli.parser import build_parser
 from engine.cli.plan import cmd_plan, cmd_simulate
 from engine.cli.train import cmd_train
@@ -39,8 +39,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     check_output("--output", args.output)
     check_output("--record", args.record)
-    if args.figure:  # PREFIX.html (and .png); its directory is made
-        check_output("--figure", str(Path(args.figure).with_suffix(".html")), make_dirs=True)
+    figure = str(Path(args.figure).with_suffix(".html")) if args.figure else None
+    if figure:  # PREFIX.html (and .png); its directory is made
+        check_output("--figure", figure, make_dirs=True)
+    check_distinct((("--output", args.output), ("--record", args.record), ("--figure", figure)))
     report = bench.run(args)
     print(report)
     if args.output:

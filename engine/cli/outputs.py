@@ -43,3 +43,16 @@ def _check_directory(option: str, path: str, folder: Path, make_dirs: bool) -> N
         raise UserError(f"{option} {path}: {folder} is not a directory")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise UserError(f"{option} {path}: no permission to write in {folder}")
+
+
+def check_distinct(outputs) -> None:
+    """UserError if two of `outputs` ((option, path or None) pairs) name the same file: one would overwrite the
+    other, yet both would be reported written."""
+    seen: dict[Path, str] = {}
+    for option, path in outputs:
+        if not path:
+            continue
+        key = Path(path).resolve()
+        if key in seen:
+            raise UserError(f"{seen[key]} and {option} name the same file {path}: give each its own")
+        seen[key] = option

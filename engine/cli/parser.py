@@ -31,6 +31,23 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _path(text: str) -> str:
+    """A file or directory argument: an empty one is a mistake (a shell variable that was not set), not "none"."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("empty path")
+    return text
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
+
+
 def _compression(text: str):
     from engine.compression import parse_compression
 
@@ -113,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plan", help="plan a model on a cluster and predict its throughput")
     p.add_argument("--model", required=True, help="a model of the zoo (see `python -m engine models`)")
-    p.add_argument("--cluster", required=True, help="A, B, C, D or a cluster JSON file")
+    p.add_argument("--cluster", type=_path, required=True, help="A, B, C, D or a cluster JSON file")
     p.add_argument("--batch-size", required=True, type=_positive_int, help="global batch size per iteration")
     p.add_argument("--method", default="asteroid", choices=[*PLANNERS, "all"], help="planner (default asteroid)")
     p.add_argument("--bandwidth-mbps", type=_bandwidth, help="override the cluster's link bandwidth")
@@ -123,8 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
     _pipeline_arguments(p)
 
     s = sub.add_parser("simulate", help="simulate one iteration of a plan file (under its schedule)")
-    s.add_argument("--plan", required=True, help="a plan JSON file (from `plan --json`, or hand-edited)")
-    s.add_argument("--trace", help="write a Chrome-trace file (open in Perfetto or chrome://tracing)")
+    s.add_argument("--plan", type=_path, required=True, help="a plan JSON file (from `plan --json`, or hand-edited)")
+    s.add_argument("--trace", type=_path, help="write a Chrome-trace file (open in Perfetto or chrome://tracing)")
     s.add_argument("--json", action="store_true", help="print the result as JSON")
 
     t = sub.add_parser(
@@ -134,11 +151,11 @@ def build_parser() -> argparse.ArgumentParser:
         "One device of a distributed run: --plan, --rank and --rendezvous (rank 0 hosts the rendezvous store).",
     )
     t.add_argument("--model", help="a model of the zoo")
-    t.add_argument("--cluster", help="A, B, C, D or a cluster JSON file")
+    t.add_argument("--cluster", type=_path, help="A, B, C, D or a cluster JSON file")
     t.add_argument("--batch-size", type=_positive_int, default=64, help="global batch size (default 64)")
     t.add_argument("--method", default="asteroid", choices=list(PLANNERS), help="planner (default asteroid)")
     t.add_argument("--bandwidth-mbps", type=_bandwidth, help="override the cluster's link bandwidth")
-    t.add_argument("--plan", help="train this plan file instead of planning")
+    t.add_argument("--plan", type=_path, help="train this plan file instead of planning")
     t.add_argument("--emulate", action="store_true", help="emulate the plan's devices here (time dilation)")
     t.add_argument("--dilation", type=_positive_float, help="wall seconds per device second (default: calibrated)")
     t.add_argument("--iterations", type=_positive_int, default=10, help="optimizer steps (default 10)")
@@ -149,7 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
         "images (--data-dir DIR, one sub-folder per class) or text (--data-dir FILE)",
     )
     t.add_argument(
-        "--data-dir", help="cifar10's folder (default $ASTEROID_DATA_DIR), the images' folder or the text file"
+        "--data-dir",
+        type=_path,
+        help="cifar10's folder (default $ASTEROID_DATA_DIR), the images' folder or the text file",
     )
     t.add_argument(
         "--eval-samples", type=_positive_int, default=512, help="held-out samples scored, in whole batches (512)"
@@ -157,9 +176,11 @@ def build_parser() -> argparse.ArgumentParser:
     _pipeline_arguments(t, leave_out=("--schedule",))  # a run option (below): re-plans keep to it too
     _run_option_arguments(t)
     t.add_argument("--timeout", type=_positive_float, default=30.0, help="seconds before a silent device is dead")
-    t.add_argument("--save", help="write the trained model as one state_dict (torch.save) to this file")
-    t.add_argument("--events", help="write every event as a JSON line to this file (replaced if it exists)")
-    t.add_argument("--trace", help="write a Chrome trace: the last iteration measured, above the simulated one")
+    t.add_argument("--save", type=_path, help="write the trained model as one state_dict (torch.save) to this file")
+    t.add_argument("--events", type=_path, help="write every event as a JSON line to this file (replaced if it exists)")
+    t.add_argument(
+        "--trace", type=_path, help="write a Chrome trace: the last iteration measured, above the simulated one"
+    )
     t.add_argument("--json", action="store_true", help="print the summary as one JSON document")
     t.add_argument("--rank", type=int, help="this device's rank in the plan's device order (distributed run)")
     t.add_argument("--rendezvous", help="HOST:PORT of the rendezvous store (distributed run)")
@@ -200,8 +221,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="copy each stage's layers to a neighbour and the coordinator every K iterations "
         "(default: the period that costs at most 4%% of the predicted throughput; 0: never)",
     )
-    f.add_argument("--run-dir", help="where the coordinator keeps the central replica (default runs/<time>)")
-    f.add_argument("--resume", metavar="DIR", help="continue the run whose coordinator died, from DIR's replica")
+    f.add_argument(
+        "--run-dir", type=_path, help="where the coordinator keeps the central replica (default runs/<time>)"
+    )
+    f.add_argument(
+        "--resume", type=_path, metavar="DIR", help="continue the run whose coordinator died, from DIR's replica"
+    )
     f.add_argument(
         "--detect",
         type=_positive_float,
@@ -224,7 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b.add_argument("--quick", action="store_true", help="a small grid, for a fast look")
     b.add_argument("--timeout", type=_positive_float, default=60.0, help="planner: seconds allowed per cell")
-    b.add_argument("--output", help="also write the markdown report to this file")
+    b.add_argument("--output", type=_path, help="also write the markdown report to this file")
     b.add_argument(
         "--clusters",
         default=None,
@@ -267,18 +292,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b.add_argument("--batch-size", type=_positive_int, default=32, help="recovery: global batch size (default 32)")
     b.add_argument(
-        "--budget", type=float, default=120.0, help="reproduce: wall seconds a run may take, 0 for no limit (120)"
+        "--budget",
+        type=_non_negative_float,
+        default=120.0,
+        help="reproduce: wall seconds a run may take, 0 for no limit (120)",
     )
     b.add_argument(
         "--figure",
+        type=_path,
         help="reproduce, recovery, compression, predictor: write the Plotly figure to this path (.html, and .png if "
         "possible)",
     )
     b.add_argument(
-        "--record", help="reproduce, compression: keep every run as JSON in this file (rewritten after each run)"
+        "--record",
+        type=_path,
+        help="reproduce, compression: keep every run as JSON in this file (rewritten after each run)",
     )
     b.add_argument(
         "--from-record",
+        type=_path,
         help="reproduce, compression: make the report from records instead of training (comma-separated; later "
         "runs of the same cell and method replace earlier ones)",
     )

@@ -9,7 +9,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from engine.cli.outputs import check_output, check_output_dir
+from engine.cli.outputs import check_distinct, check_output, check_output_dir
 from engine.cli.plan import _read_plan, fitting_plan
 from engine.devices import Cluster, load_cluster
 from engine.errors import UserError
@@ -27,6 +27,89 @@ def _training_samples(args: argparse.Namespace) -> int | None:
     return train_size(args.dataset, get_model(args.model), args.data_dir)
 
 
+# What a plan file fixes, so a flag for it would be ignored: the flag and the plan's field that sets it
+_PLAN_SETS = {
+    "--batch-size": ("batch size", "batch_size"),
+    "--method": ("method", "method"),
+    "--bandwidth-mbps": ("bandwidth", "bandwidth_mbps"),
+    "--compression": ("compression", "compression"),
+    "--allreduce": ("all-reduce format", "allreduce"),
+    "--schedule": ("schedule", "schedule"),
+}
+# What `--resume DIR` takes from the run in DIR (its run.json), so a flag for it would be ignored: the flag and
+# where the run keeps its value (a RunOptions field or a run.json key; None: no value to compare with)
+_RESUME_KEEPS = {
+    "--batch-size": "batch_size", "--method": "method", "--bandwidth-mbps": None, "--compression": None,
+    "--allreduce": "allreduce", "--iterations": "iterations", "--dataset": "dataset", "--data-dir": "data_dir",
+    "--emulate": "emulate", "--dilation": "dilation", "--timeout": "timeout_s", "--generation": "generation",
+    "--eval-samples": "eval_samples", "--replicate-every": "replicate_every", "--run-dir": None,
+    "--lr": "lr", "--momentum": "momentum", "--seed": "seed", "--eval-every": "eval_every", "--schedule": "schedule",
+}  # fmt: skip
+
+
+def _given(args: argparse.Namespace, flags) -> list[str]:
+    """The flags of `flags` given a value other than their default (so asked for)."""
+    from engine.cli.parser import build_parser
+
+    defaults = vars(build_parser().parse_args(["train"]))
+    dest = {flag: flag[2:].replace("-", "_") for flag in flags}
+    given = [flag for flag in flags if getattr(args, dest[flag], None) != defaults.get(dest[flag])]
+    return [flag for flag in given if flag != "--compression" or any(args.compression)]  # "off": not asked
+
+
+def _refuse_resume_overrides(args: argparse.Namespace, doc: dict) -> None:
+    """UserError for a flag that `--resume` would ignore: the run goes on with its own settings (a value equal
+    to the run's own is no mistake)."""
+    kept = {**doc, **doc.get("options", {})}
+    for flag in _given(args, _RESUME_KEEPS):
+        key = _RESUME_KEEPS[flag]
+        if key is None or key not in kept or getattr(args, flag[2:].replace("-", "_")) != kept[key]:
+            raise UserError(f"--resume continues the run in {args.resume} with its own settings: drop {flag}")
+
+
+# What only a local run makes or uses: one device of a distributed run (--rank) would silently skip it
+_LOCAL_ONLY = (
+    "--save",
+    "--trace",
+    "--run-dir",
+    "--replicate-every",
+    "--resume",
+    "--fail",
+    "--leave",
+    "--join",
+    "--slow",
+)
+
+
+def _check_distributed(args: argparse.Namespace) -> None:
+    """UserError for a flag one device of a distributed run would ignore, or a --rendezvous that is no
+    HOST:PORT, before anything starts."""
+    for flag in _LOCAL_ONLY:
+        if getattr(args, flag[2:].replace("-", "_")) not in (None, []):
+            raise UserError(f"{flag} needs a local run (no --rank): one device of a distributed run does not do it")
+    if args.rank < 0:
+        raise UserError(f"--rank must be 0 or more, got {args.rank}")
+    host, _, port = args.rendezvous.rpartition(":")
+    if not host or not port.isdigit():
+        raise UserError(f"--rendezvous must be HOST:PORT, got {args.rendezvous!r}")
+    if not 1 <= int(port) <= 65535:
+        raise UserError(f"--rendezvous: port must be 1-65535, got {port}")
+
+
+def _check_dataset(args: argparse.Namespace, model: str, batch_size: int, plan: bool = False) -> None:
+    """UserError unless the dataset holds one batch: said before planning and starting devices (each of which
+    would find it out)."""
+    from engine.data import train_size
+    from engine.models import get_model
+
+    samples = train_size(args.dataset, get_model(model), args.data_dir)
+    if samples < batch_size:
+        raise UserError(
+            f"dataset {args.dataset!r} has {samples} samples, fewer than one batch of {batch_size}: "
+            + ("plan a smaller batch" if plan else f"lower --batch-size to {samples} or less")
+        )
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from engine.compression import compression_text, parse_compression
     from engine.events import said
@@ -38,8 +121,12 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     if (args.rank is None) != (args.rendezvous is None):
         raise UserError("a distributed run needs both --rank and --rendezvous")
-    for option, path in (("--save", args.save), ("--events", args.events), ("--trace", args.trace)):
+    if args.rank is not None:
+        _check_distributed(args)
+    outputs = (("--save", args.save), ("--events", args.events), ("--trace", args.trace))
+    for option, path in outputs:
         check_output(option, path)
+    check_distinct(outputs)
     check_output_dir("--run-dir", args.run_dir)
     from engine.runtime.faults import FaultArgs
 
@@ -53,6 +140,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         if args.plan or args.model or args.cluster:
             raise UserError("--resume continues the run in DIR: give no --plan, --model or --cluster")
         doc, resume = load_resume(Path(args.resume))
+        _refuse_resume_overrides(args, doc)
         cluster = Cluster.from_dict(doc["cluster"])
         cluster = Cluster(
             tuple(d for d in cluster.devices if d.name in resume["devices"]),
@@ -73,13 +161,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     elif args.plan:
         if args.model or args.cluster:
             raise UserError("give either --plan or --model/--cluster, not both")
-        if args.compression[0]:
-            raise UserError("a plan file sets its own compression (its 'compression' field): drop --compression")
-        if args.allreduce != "off":
-            raise UserError("a plan file sets its own all-reduce format (its 'allreduce' field): drop --allreduce")
-        if args.schedule != "auto":
-            raise UserError("a plan file sets its own schedule (its 'schedule' field): drop --schedule")
+        for flag in _given(args, _PLAN_SETS):
+            what, field = _PLAN_SETS[flag]
+            raise UserError(f"a plan file sets its own {what} (its {field!r} field): drop {flag}")
         plan = _read_plan(args.plan)
+        _check_dataset(args, plan.model, plan.batch_size, plan=True)
         w = workload(plan.model, cluster=plan.cluster)
     else:
         if not (args.model and args.cluster):
@@ -87,6 +173,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         if args.rank is not None:
             raise UserError("a distributed run trains a plan file: pass --plan (every device the same)")
         cluster = load_cluster(args.cluster, args.bandwidth_mbps)
+        _check_dataset(args, args.model, args.batch_size)
         w = workload(args.model, cluster=cluster)
         problem = Problem(w, cluster, args.batch_size, allreduce=args.allreduce, schedule=args.schedule)
         plan = fitting_plan(args.method, problem, args.compression, _training_samples(args))
@@ -108,8 +195,6 @@ def cmd_train(args: argparse.Namespace) -> int:
     else:
         options = replace(options, save_model=bool(args.save))
     if args.rank is not None:
-        if faults or args.resume:
-            raise UserError("--fail, --leave, --join, --slow and --resume need a local run (no --rank)")
         return _train_one_device(args, plan, w, options)
     run_dir = args.run_dir or time.strftime("runs/%Y%m%d-%H%M%S")
     writers = [save_events(args.events)] if args.events else []
@@ -179,9 +264,7 @@ def _train_one_device(args: argparse.Namespace, plan: Plan, w, options) -> int:
     names = plan.device_names
     if not 0 <= args.rank < len(names):
         raise UserError(f"--rank must be between 0 and {len(names) - 1} for this plan, got {args.rank}")
-    host, _, port = args.rendezvous.rpartition(":")
-    if not host or not port.isdigit():
-        raise UserError(f"--rendezvous must be HOST:PORT, got {args.rendezvous!r}")
+    host, _, port = args.rendezvous.rpartition(":")  # checked by _check_distributed
     name = names[args.rank]
     steps, predicted = device_steps(plan, w)[name], score(plan, w).iteration_s
     # --save is the launcher's (it merges every stage's part); one device of a distributed run saves nothing

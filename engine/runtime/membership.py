@@ -79,8 +79,8 @@ class Membership:
         )
         if not survivors and not self._standby(gen):
             raise self._fail(
-                f"every device was lost ({', '.join(f'{n}: {w}' for n, w in dead.items())}); the central replica "
-                f"as of iteration {self.central_done} is in {self.run_dir}: continue with --resume {self.run_dir}",
+                f"every device was lost ({', '.join(f'{n}: {w}' for n, w in dead.items())}); "
+                + self._central_note(resumable=True),
                 next(iter(dead)),
                 interrupted + 1,
             )
@@ -119,6 +119,14 @@ class Membership:
         self._start_standby(gen, nxt)
         self._publish(nxt, self._central_pieces(nxt))
 
+    def _central_note(self, resumable: bool = False) -> str:
+        """Where the run's central replica is, and (`resumable`) how to go on from it; the truth when there is
+        none yet (no replication point reached, or no run directory): nothing to resume, the run starts again."""
+        if self.run_dir is None or not (self.run_dir / "central.pt").is_file():
+            return "no central replica was saved yet (no replication point reached): the run must start again"
+        note = f"the central replica as of iteration {self.central_done} is in {self.run_dir}"
+        return note + (f": continue with --resume {self.run_dir}" if resumable else "")
+
     def _standby(self, gen: Generation) -> list[str]:
         """Devices of the cluster outside generation `gen` that may still be planned on (never lost, never left)."""
         return [d.name for d in self.true_cluster.devices if d.name not in gen.ranks and d.name not in self.gone]
@@ -153,8 +161,7 @@ class Membership:
             lost = ", ".join(dead) or "the change"
             raise self._fail(
                 f"cannot go on after {lost}: the {len(names)} remaining device(s) ({', '.join(names)}) cannot hold "
-                f"{self.plan.model} at batch size {self.plan.batch_size}; the central replica as of iteration "
-                f"{self.central_done} is in {self.run_dir}",
+                f"{self.plan.model} at batch size {self.plan.batch_size}; " + self._central_note(),
                 next(iter(dead), ""),
                 self.committed + 1,
             )
