@@ -6,17 +6,8 @@ import json
 
 import pytest
 
-from engine.cli import main
+from tests.engine.clirun import run
 from tests.engine.runtime.helpers import cluster_of, make_plan
-
-
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:  # argparse's usage errors
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def one_line(code: int, err: str, needle: str) -> None:

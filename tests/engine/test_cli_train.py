@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from engine.cli import main
+from tests.engine.clirun import run
 from tests.engine.runtime.helpers import cluster_of, make_plan
 from workers.device import free_port
 
@@ -28,15 +28,6 @@ def plan_file(tmp_path):
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(plan.to_dict()))
     return path
-
-
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:  # argparse's usage errors
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_train_json_document(capsys, plan_file, tmp_path):
