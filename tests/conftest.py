@@ -14,6 +14,7 @@ MULTIPROCESS = (
     "tests/engine/test_bench.py",  # each planning cell is timed in a child process
     "tests/engine/test_cli_train.py",
     "tests/webapp/test_embedded_redis.py",
+    "tests/webapp/test_eventstream.py",  # kills a redis-server of its own
     "tests/webapp/test_startsite.py",
     "tests/workers/test_cli.py",
     "tests/workers/test_protocol.py",

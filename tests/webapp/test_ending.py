@@ -36,7 +36,7 @@ def redis_killed(tmp_path, settings, monkeypatch):
     host = {"address": server.start(), "socket_timeout": 5}
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
                                            "CONFIG": {"hosts": [host]}}}  # fmt: skip
-    monkeypatch.setattr(groups, "_unreachable", False)  # this process has not found it down yet
+    monkeypatch.setattr(groups._layer, "down", False)  # this process has not found it down yet
     os.kill(server.proc.pid, signal.SIGKILL)
     server.proc.wait()
     yield

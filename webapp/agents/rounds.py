@@ -22,6 +22,7 @@ from channels.layers import get_channel_layer
 
 from webapp.devices.liveness import store_heard
 from webapp.devices.models import Device
+from webapp.jobs import eventstream
 from webapp.jobs.ingest import record_round
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,8 @@ def _store_round(waiting: deque) -> tuple[list, list, list]:
     try:
         if taken:
             results, frames = record_round([(device, msg["events"], msg["last_seq"]) for device, msg, _ in taken])
+        else:  # heartbeats alone: events stored while Redis was down may still be held for their streams
+            eventstream.flush()
     except Exception as exc:  # the round did not commit: each agent is told by its socket's close, and resends
         results, frames = [exc] * len(taken), []
     return beats + taken, noted + results, frames

@@ -2,7 +2,9 @@
 
 Every iteration, even one the channel layer dropped: channels_redis silently drops what it is sent for a socket whose
 channel is full (a browser that fell behind a busy site) or that waited past its expiry. Iterations are numbered, so
-a socket that is relayed iteration n after n - 3 reads n - 2 and n - 1 back from the database and sends them first.
+a socket that is relayed iteration n after n - 3 reads n - 2 and n - 1 back from the database and sends them first,
+and one told that the job ended sends the iterations after the newest it sent (the last ones have no next to show
+that they were dropped).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ NOT_LOGGED_IN = 4401  # no session and no valid API token
 NOT_FOUND = 4404  # no such job, or another user's (the same answer, as on the pages and the API)
 TAKES_NO_MESSAGES = "this socket only sends the job's updates; act on the job through the page or the API"
 BACKFILL_MAX = 2000  # iterations read back for one gap (the newest of it, if it is longer)
+END = 2**62  # above every iteration number
 
 
 @database_sync_to_async
@@ -45,10 +48,15 @@ def _iterations_between(job_id: int, after: int, before: int) -> list[dict]:
 _missed = database_sync_to_async(_iterations_between, thread_sensitive=False)
 
 
-def _numbers(message: dict) -> list[int]:
-    """The iteration numbers a relayed message carries, in order."""
-    inner = message.get("messages", ()) if message.get("type") == "batch" else (message,)
-    return [m["iteration"] for m in inner if m.get("type") == "iteration" and type(m.get("iteration")) is int]
+def _numbers(message: dict) -> list[int | None]:
+    """The iteration numbers a relayed message carries, in order, and None where it says the job ended."""
+    out = []
+    for m in message.get("messages", ()) if message.get("type") == "batch" else (message,):
+        if m.get("type") == "iteration" and type(m.get("iteration")) is int:
+            out.append(m["iteration"])
+        elif m.get("type") == "status" and m.get("status") in Job.FINISHED:
+            out.append(None)
+    return out
 
 
 class JobConsumer(DirectDispatch, AsyncJsonWebsocketConsumer):
@@ -89,6 +97,10 @@ class JobConsumer(DirectDispatch, AsyncJsonWebsocketConsumer):
         message = event["message"]
         missed = []
         for n in _numbers(message):
+            if n is None:  # the job ended: whatever it stored after the newest sent
+                missed += await _missed(self.job_id, self.newest, END)
+                self.newest = max([self.newest] + [m["iteration"] for m in missed])
+                continue
             if n > self.newest + 1:  # (below it: a rollback's replay, or a duplicate of the snapshot's)
                 missed += await _missed(self.job_id, self.newest, n)
             self.newest = n

@@ -1,12 +1,13 @@
 """Device events on their way to their job's coordinator: one Redis stream per job, read in order, each event once.
 
-    publish([(job_id, device, session, seq, event), ...])     # the site, as it stores an agent's batch
+    publish([(job_id, device, session, seq, event), ...])     # the site, once it has stored an agent's batch
     reader = Reader(job_id)                                   # a coordinator, when it starts (or takes over)
     for entry, device, event in reader.read(timeout=0.05): ...  # blocks on the stream (XREAD BLOCK), no polling
 
-The site adds an agent's batch to the stream before it commits the batch to the database and acknowledges it,
-so an event the agent saw acknowledged is on the stream; one whose batch failed to commit is sent again by the
-agent and added again, and the reader drops it as already read (by its agent's session and sequence number).
+The site adds an agent's batch to the stream once the batch is committed to the database (the coordinator reads
+what the database has) and before it acknowledges it. While Redis cannot be reached (restarting: `make run`
+starts its embedded one again), what the site stored waits in its process and goes first when Redis is back,
+and a coordinator's read finds nothing until then: its devices' events reach it late, in order, never twice.
 A reader starts at the stream's end: what an earlier coordinator of the job was sent is not for it (its
 device processes are started again from the job's central replica), everything after reaches it in order,
 whichever site process stored it and whichever coordinators process reads it.
@@ -15,7 +16,10 @@ whichever site process stored it and whichever coordinators process reads it.
 from __future__ import annotations
 
 import json
+import logging
 import threading
+import time
+from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
@@ -23,12 +27,24 @@ import redis
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+from webapp.lib.outage import UNREACHABLE, Outage
+
+log = logging.getLogger(__name__)
+
 # What a coordinator reads of its devices' events: what it acts on, and the steps' measured compute (for drift);
 # the rest (scores, traces) only the site keeps.
 FOR_COORDINATOR = ("device-start", "iteration", "device-done", "device-error", "job-stopped", "restore", "step")
 KEEP = 50_000  # entries kept per job (approximately: trimmed as Redis finds convenient), ~ hours of steps
 TTL_S = 7 * 24 * 3600  # a stream nobody adds to for a week goes (the job ended long ago)
 BATCH = 1000  # entries read at most per call
+HELD_MAX = 500_000  # entries a site process holds while Redis is down (minutes of a large lab's events), then drops
+RETRY_S = 0.5  # how long a read waits before it tries an unreachable Redis again
+
+_held: deque[tuple[int, str, str, int, dict]] = deque()  # stored, not yet on their stream (Redis down), oldest first
+_held_lock = threading.Lock()
+_publishing = Outage(log, "Redis for the coordinators' event streams",
+                     "the devices' events wait in this process (they are stored) and go when it is back")  # fmt: skip
+_reading = Outage(log, "Redis for the coordinators' event streams", "coordinators wait for their devices' events")
 
 _client: redis.Redis | None = None
 _client_lock = threading.Lock()
@@ -55,11 +71,35 @@ def stream_key(job_id: int) -> str:
     return f"asteroid:{site}:job:{job_id}:device-events"
 
 
-def publish(entries: Iterable[tuple[int, str, str, int, dict]]) -> None:
-    """Append (job id, device, its agent's session, the event's seq, event) to each job's stream, in order."""
-    entries = list(entries)
-    if not entries:
-        return
+def publish(entries: Iterable[tuple[int, str, str, int, dict]]) -> bool:
+    """Append (job id, device, its agent's session, the event's seq, event) to each job's stream, in order, after
+    any this process holds; False while Redis cannot be reached: then they are held for the next call (`flush`)."""
+    with _held_lock:
+        _held.extend(entries)
+        if not _held:
+            return True
+        try:
+            _append(list(_held))
+        except UNREACHABLE as exc:
+            _publishing.failed(exc)
+            if len(_held) > HELD_MAX:
+                dropped = len(_held) - HELD_MAX
+                for _ in range(dropped):
+                    _held.popleft()
+                log.error("Redis has been unreachable too long: %d device events dropped before their coordinators "
+                          "read them (they are stored)", dropped)  # fmt: skip
+            return False
+        _held.clear()
+        _publishing.reached()
+        return True
+
+
+def flush() -> bool:
+    """Publish what this process holds (a site process calls it now and then: there may be no new batch)."""
+    return publish(())
+
+
+def _append(entries: list[tuple[int, str, str, int, dict]]) -> None:
     pipe = client().pipeline(transaction=False)
     for job_id, device, session, seq, event in entries:
         fields = {"device": device, "session": session, "seq": seq, "event": json.dumps(event)}
@@ -88,7 +128,13 @@ class Reader:
         """The events added since the last read, as (entry id, device, event); waits up to `timeout` s for the
         first. (An entry id is "<Redis's clock at the add, ms>-<n>".)"""
         block = int(timeout * 1000)
-        reply = client().xread({self.key: self.last}, count=BATCH, block=block if block > 0 else None)
+        try:
+            reply = client().xread({self.key: self.last}, count=BATCH, block=block if block > 0 else None)
+        except UNREACHABLE as exc:  # down or restarting: nothing yet (what was stored meanwhile is held for it)
+            _reading.failed(exc)
+            time.sleep(min(timeout, RETRY_S))
+            return []
+        _reading.reached()
         out = []
         for _key, entries in reply or ():
             for entry_id, fields in entries:

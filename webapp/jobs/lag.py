@@ -12,14 +12,17 @@ when it stops publishing.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 
 import numpy as np
 
 from webapp.jobs import eventstream
+from webapp.lib.outage import UNREACHABLE, Outage
 
 PUBLISH_S = 5.0
+_outage = Outage(logging.getLogger(__name__), "Redis for the coordinators' lag figures", "they are not published")
 _lock = threading.Lock()
 _events: list[float] = []
 _loops: list[float] = []
@@ -64,7 +67,12 @@ def publish(owner: str, jobs: int, force: bool = False) -> None:
     pipe = eventstream.client().pipeline(transaction=False)
     pipe.hset(_key(), owner, json.dumps(doc))
     pipe.expire(_key(), int(PUBLISH_S * 6))
-    pipe.execute()
+    try:
+        pipe.execute()
+    except UNREACHABLE as exc:  # figures only: these are lost, the next go when it is back
+        _outage.failed(exc)
+        return
+    _outage.reached()
 
 
 def read() -> dict[str, dict]:

@@ -6,12 +6,12 @@ import logging
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
-from redis import RedisError
+
+from webapp.lib.outage import UNREACHABLE, Outage
 
 log = logging.getLogger(__name__)
 
-UNREACHABLE = (RedisError, OSError)  # the channel layer's Redis is down, restarting or out of reach
-_unreachable = False  # this process has said so, and has not reached it since
+_layer = Outage(log, "the channel layer", "messages to browsers and agents are dropped until it is back")
 
 
 def group_send(group: str, handler: str, message: dict) -> None:
@@ -25,15 +25,10 @@ def try_group_send(group: str, handler: str, message: dict) -> bool:
     """`group_send`, best-effort: False when the channel layer cannot be reached (its Redis down or restarting),
     which the log says in one warning line per outage, not per message. For messages their readers can do without:
     the database holds the state (a job's page reads it back when its socket reconnects)."""
-    global _unreachable
     try:
         group_send(group, handler, message)
     except UNREACHABLE as exc:
-        if not _unreachable:
-            _unreachable = True
-            why = str(exc).strip().splitlines()[0] if str(exc).strip() else "no answer"
-            log.warning("cannot reach the channel layer (%s: %s): messages to browsers and agents are dropped "
-                        "until it is back", type(exc).__name__, why)  # fmt: skip
+        _layer.failed(exc)
         return False
-    _unreachable = False
+    _layer.reached()
     return True
