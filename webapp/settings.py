@@ -164,6 +164,8 @@ CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
 CELERY_TASK_TIME_LIMIT = env_int("ASTEROID_TASK_TIME_LIMIT", 3600, minimum=1)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Celery 6's default (no task here acknowledges late, so none is affected), and its warning at each lost broker gone
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
 CELERY_BEAT_SCHEDULE = {
     "health-check": {"task": "webapp.jobs.tasks.health_check", "schedule": env_int("ASTEROID_HEARTBEAT_S", 5, 1)},
     "compact-steps": {"task": "webapp.jobs.tasks.compact_steps", "schedule": 60},

@@ -236,7 +236,9 @@ def serve(
         worker = ["-W", quiet_root, "-m", "celery", "-A", "webapp", "--quiet"]
         for i in range(settings.ASTEROID_CELERY_WORKERS):
             name = "celery worker" if i == 0 else f"celery worker {i + 1}"
-            command = [python, *worker, "worker", "-n", f"worker{i + 1}@%h", "--loglevel=WARNING", "--concurrency=2"]
+            # no gossip or mingle: nothing here uses them, and gossip fails with a traceback when Redis restarts
+            command = [python, *worker, "worker", "-n", f"worker{i + 1}@%h", "--loglevel=WARNING", "--concurrency=2",
+                       "--without-gossip", "--without-mingle"]  # fmt: skip
             procs[name] = Supervised(name, command + (["--beat"] if i == 0 else []), env=env)  # one beat
         # every running job's coordinator: the run's store, its recoveries (webapp/jobs/coordinating.py)
         # (several share the jobs through leases, each with its own store gateway: webapp/jobs/leases.py)

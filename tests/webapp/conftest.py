@@ -36,6 +36,35 @@ def _nobody_heard():
         client.delete(liveness._key())
 
 
+@pytest.fixture
+def own_redis(tmp_path, settings, monkeypatch):
+    """A redis-server of the test's own, which it may kill (as `make run`'s embedded one can die): the channel layer,
+    the devices' event streams and the heartbeats' times all on it, and no part of the site has found it down yet."""
+    from webapp.embedded_redis import EmbeddedRedis
+    from webapp.jobs import eventstream
+    from webapp.lib.outage import Outage
+
+    server = EmbeddedRedis(tmp_path / "redis")
+    settings.REDIS_URL = url = server.start()
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
+                                           "CONFIG": {"hosts": [{"address": url, "socket_timeout": 5}]}}}  # fmt: skip
+    monkeypatch.setattr(eventstream, "_client", None)  # made again from REDIS_URL at first use
+    monkeypatch.setattr(eventstream, "_held", type(eventstream._held)())
+    for outage in Outage.every:
+        monkeypatch.setattr(outage, "down", False)
+    yield server
+    server.stop()
+
+
+def kill(server) -> None:
+    """SIGKILL an EmbeddedRedis's redis-server, and wait for it to be gone."""
+    import os
+    import signal
+
+    os.kill(server.proc.pid, signal.SIGKILL)
+    server.proc.wait()
+
+
 @pytest.fixture(autouse=True)
 def _jobs_dir(settings, tmp_path):
     """Each test keeps uploaded model parts in its own folder."""

@@ -5,19 +5,16 @@ job (or by none) are freed by the health check."""
 from __future__ import annotations
 
 import logging
-import os
-import signal
 
 import pytest
 from django.utils import timezone
 
+from tests.webapp.conftest import kill
 from tests.webapp.test_sockets import enrolled, running_job
 from webapp.devices.models import Device
-from webapp.embedded_redis import EmbeddedRedis
 from webapp.jobs.ending import cancel, fail, finish
 from webapp.jobs.models import Job, JobDevice, JobEvent
 from webapp.jobs.tasks import health_check
-from webapp.lib import groups
 
 
 @pytest.fixture
@@ -30,17 +27,9 @@ def job(bob):
 
 
 @pytest.fixture
-def redis_killed(tmp_path, settings, monkeypatch):
-    """The site's channel layer on a real Redis (as under `make run`), then that redis-server killed (kill -9)."""
-    server = EmbeddedRedis(tmp_path / "redis")
-    host = {"address": server.start(), "socket_timeout": 5}
-    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
-                                           "CONFIG": {"hosts": [host]}}}  # fmt: skip
-    monkeypatch.setattr(groups._layer, "down", False)  # this process has not found it down yet
-    os.kill(server.proc.pid, signal.SIGKILL)
-    server.proc.wait()
-    yield
-    server.stop()
+def redis_killed(own_redis):
+    """The site's Redis (the channel layer's, as under `make run`), killed (kill -9)."""
+    kill(own_redis)
 
 
 def freed(job: Job) -> dict[str, tuple[str, int | None]]:

@@ -2,28 +2,13 @@
 once the same Redis is back (empty, as `make run` starts it again) every event reaches the reader once, in order."""
 
 import logging
-import os
-import signal
 
 import pytest
 
-from webapp.embedded_redis import EmbeddedRedis
+from tests.webapp.conftest import kill
 from webapp.jobs import eventstream
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def own_redis(tmp_path, settings, monkeypatch):
-    """A redis-server of this test's own (one it may kill), as the streams' Redis."""
-    server = EmbeddedRedis(tmp_path / "redis")
-    settings.REDIS_URL = server.start()
-    monkeypatch.setattr(eventstream, "_client", None)  # made again from REDIS_URL at first use
-    for outage in (eventstream._publishing, eventstream._reading):
-        monkeypatch.setattr(outage, "down", False)
-    monkeypatch.setattr(eventstream, "_held", type(eventstream._held)())
-    yield server
-    server.stop()
 
 
 def step(n: int) -> dict:
@@ -36,8 +21,7 @@ def test_events_stored_while_redis_is_down_reach_the_coordinator_once_it_is_back
     assert eventstream.publish([(7, "nx-0", "s1", 1, step(0))]) is True
     assert [e for _, _, e in reader.read(1.0)] == [step(0)]
 
-    os.kill(own_redis.proc.pid, signal.SIGKILL)
-    own_redis.proc.wait()
+    kill(own_redis)
     assert eventstream.publish([(7, "nx-0", "s1", 2, step(1))]) is False  # stored by the site: held here
     assert eventstream.publish([(7, "nx-0", "s1", 3, step(2))]) is False
     assert reader.read(0.1) == [] and reader.read(0.1) == []  # the coordinator waits; it does not fail

@@ -24,13 +24,15 @@ from webapp.devices.protocol import ProtocolError, parse
 from webapp.jobs.ending import reconcile
 from webapp.jobs.launching import accepted, unanswered
 from webapp.lib.dispatch import DirectDispatch
+from webapp.lib.outage import UNREACHABLE, Outage, SocketOutage
 from webapp.lib.pace import Pace
 from webapp.lib.tokens import bearer
 
 log = logging.getLogger(__name__)
+_heard = Outage(log, "Redis for the heartbeats' times", "heartbeats are noted in the database alone meanwhile")
 
 REFUSED = 4401  # close code: bad or revoked credential
-FAILED = 4500  # close code: the site could not handle a message (daphne takes 1000 or 3000-4999, not 1011)
+FAILED = SocketOutage.CLOSED  # close code: the site could not handle a message
 INBOX = 64  # an agent's messages waiting for the database (an agent has one events message unacknowledged at a time)
 
 
@@ -100,7 +102,7 @@ def _gone(device: Device, channel: str) -> None:
     )
 
 
-class AgentConsumer(DirectDispatch, AsyncWebsocketConsumer):
+class AgentConsumer(SocketOutage, DirectDispatch, AsyncWebsocketConsumer):
     """One connected agent. Bad messages get an `error` reply and are logged; the connection stays up."""
 
     device: Device | None = None
@@ -145,7 +147,10 @@ class AgentConsumer(DirectDispatch, AsyncWebsocketConsumer):
         if msg["type"] == "hello":
             self.welcomed = True
         elif msg["type"] == "heartbeat":
-            await liveness.heard(self.device.pk)
+            try:
+                await liveness.heard(self.device.pk)
+            except UNREACHABLE as exc:  # Redis restarting: the database notes the heartbeat all the same
+                _heard.failed(exc)
         await self.inbox.put(msg)  # a full inbox holds the socket's reading back, as one handler at a time did
 
     async def _work(self) -> None:
@@ -175,9 +180,16 @@ class AgentConsumer(DirectDispatch, AsyncWebsocketConsumer):
                     await self.send_json({"type": "ack", "seq": await rounds().record(self.device, msg)})
         except asyncio.CancelledError:
             raise
+        except UNREACHABLE as exc:  # Redis restarting (the connection's note in the cache): one line per outage
+            self._outage.failed(exc)
+            await self.close(code=FAILED)
         except Exception:
             log.exception("device %s: handling its message failed; closing its socket", self.device.name)
             await self.close(code=FAILED)
+
+    def stopped(self) -> None:
+        if getattr(self, "worker", None) is not None:
+            self.worker.cancel()  # (disconnect is not called when daphne stops, or the channel layer failed)
 
     async def send_json(self, message: dict) -> None:
         await self.send(text_data=json.dumps(message))

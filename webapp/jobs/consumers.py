@@ -16,6 +16,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from webapp.jobs.live import readable, snapshot
 from webapp.jobs.models import Job, JobEvent
 from webapp.lib.dispatch import DirectDispatch
+from webapp.lib.outage import SocketOutage
 
 # Close codes of a refused socket (static/js/live.js stops reconnecting on them and says why).
 NOT_LOGGED_IN = 4401  # no session and no valid API token
@@ -59,7 +60,7 @@ def _numbers(message: dict) -> list[int | None]:
     return out
 
 
-class JobConsumer(DirectDispatch, AsyncJsonWebsocketConsumer):
+class JobConsumer(SocketOutage, DirectDispatch, AsyncJsonWebsocketConsumer):
     async def connect(self):
         self.job_id = job_id = self.scope["url_route"]["kwargs"]["job_id"]
         self.group = f"job.{job_id}"
