@@ -159,8 +159,10 @@ def redact(url: str) -> str:
         return "<unparseable URL>"
 
 
-def database_config(url: str, name: str = "DATABASE_URL") -> dict:
-    """Django's DATABASES['default'] for a database URL such as sqlite:///var/db.sqlite3 or postgres://u@host/db."""
+def database_config(url: str, name: str = "DATABASE_URL", pool_size: int = 0) -> dict:
+    """Django's DATABASES['default'] for a database URL such as sqlite:///var/db.sqlite3 or postgres://u@host/db.
+    PostgreSQL with `pool_size` > 0: each process keeps at most that many connections in a psycopg pool, and a
+    thread's connection goes back to it when closed (0: each thread keeps its own for 60 s, as with a pooler)."""
     hint = "use sqlite:///PATH or postgres://USER:PASSWORD@HOST:PORT/NAME"
     if "://" not in url:
         raise ImproperlyConfigured(f"{name}={redact(url)!r} is not a database URL; {hint}")
@@ -173,6 +175,10 @@ def database_config(url: str, name: str = "DATABASE_URL") -> dict:
         raise ImproperlyConfigured(f"{name}={redact(url)!r} is malformed (check port and quoting); {hint}") from None
     if not config.get("NAME"):
         raise ImproperlyConfigured(f"{name}={redact(url)!r} names no database; {hint}")
+    if pool_size and config["ENGINE"] == "django.db.backends.postgresql":
+        # a waiting thread gets the next connection given back; after 30 s it fails (the pool's own default)
+        config["CONN_MAX_AGE"] = 0  # closing a pooled connection gives it back (Django refuses persistent ones)
+        config.setdefault("OPTIONS", {})["pool"] = {"min_size": 1, "max_size": pool_size, "max_idle": 60.0}
     return config
 
 

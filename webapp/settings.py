@@ -87,7 +87,14 @@ TEMPLATES = [
     },
 ]
 
-DATABASES = {"default": database_config(env_str("DATABASE_URL", f"sqlite:///{VAR_DIR / 'db.sqlite3'}"))}
+# On PostgreSQL each site process pools at most this many connections (however many coordinator threads and
+# sockets it runs: they give theirs back between uses); 0: none (a connection per thread, e.g. behind PgBouncer).
+ASTEROID_DB_POOL_SIZE = env_int("ASTEROID_DB_POOL_SIZE", 10, minimum=0)
+DATABASES = {
+    "default": database_config(
+        env_str("DATABASE_URL", f"sqlite:///{VAR_DIR / 'db.sqlite3'}"), pool_size=ASTEROID_DB_POOL_SIZE
+    )
+}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # Several processes write at once (daphne's agent sockets, the Celery worker): WAL lets readers go on
     # while one writes, IMMEDIATE transactions take the write lock up front (a deferred one that upgrades

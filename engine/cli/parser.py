@@ -21,14 +21,24 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _positive_float(text: str) -> float:
+def _float_in(text: str, low_open: bool, what: str) -> float:
+    """A finite number above 0 (`low_open`) or from 0 on; nan and inf too are refused (a timeout or a dilation of inf
+    is no number of seconds)."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 < value < math.inf:  # nan and inf too: a timeout or a dilation of inf is no number of seconds
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    if not (0 < value if low_open else 0 <= value) or not value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
     return value
+
+
+def _positive_float(text: str) -> float:
+    return _float_in(text, True, "a positive number")
+
+
+def _non_negative_float(text: str) -> float:
+    return _float_in(text, False, "0 or more")
 
 
 def _path(text: str) -> str:
@@ -36,16 +46,6 @@ def _path(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError("empty path")
     return text
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 <= value < math.inf:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
-    return value
 
 
 def _compression(text: str):

@@ -7,24 +7,13 @@ import json
 import pytest
 
 from tests.engine.clirun import run
-from tests.engine.runtime.helpers import cluster_of, make_plan
+from tests.engine.runtime.helpers import cluster_of
 
 
 def one_line(code: int, err: str, needle: str) -> None:
     assert code == 2, err
     assert needle in err and len(err.strip().splitlines()) == 1, err
     assert err.startswith("error: ") or ": error: " in err, err
-
-
-@pytest.fixture
-def plan_file(tmp_path, profile_cache):
-    plan = make_plan(
-        "mobilenetv2", cluster_of("nx", "tx2", "nano"), 8, 2,
-        [(0, 9, [("nx-0", 4)]), (9, 21, [("tx2-1", 3), ("nano-2", 1)])],
-    )  # fmt: skip
-    path = tmp_path / "plan.json"
-    path.write_text(json.dumps(plan.to_dict()))
-    return path
 
 
 @pytest.mark.parametrize("where", ["file", "under-a-file", "missing-root"])

@@ -10,24 +10,12 @@ import sys
 import pytest
 
 from tests.engine.clirun import run
-from tests.engine.runtime.helpers import cluster_of, make_plan
 from workers.device import free_port
 
 
 @pytest.fixture(autouse=True)
 def _profiles(profile_cache):
     """The quick mobilenetv2 profile of conftest's `profile_cache`."""
-
-
-@pytest.fixture
-def plan_file(tmp_path):
-    plan = make_plan(
-        "mobilenetv2", cluster_of("nx", "tx2", "nano"), 8, 2,
-        [(0, 9, [("nx-0", 4)]), (9, 21, [("tx2-1", 3), ("nano-2", 1)])],
-    )  # fmt: skip
-    path = tmp_path / "plan.json"
-    path.write_text(json.dumps(plan.to_dict()))
-    return path
 
 
 def test_train_json_document(capsys, plan_file, tmp_path):

@@ -43,6 +43,15 @@ def test_database_url_postgres_is_parsed():
     assert (db["HOST"], db["PORT"], db["NAME"], db["USER"]) == ("db.example", 5433, "asteroid", "bob")
 
 
+def test_postgres_connections_are_pooled_per_process_sqlite_never():
+    db = env.database_config("postgres://bob@db.example/asteroid", pool_size=7)
+    assert db["OPTIONS"]["pool"]["max_size"] == 7
+    assert db["CONN_MAX_AGE"] == 0  # Django refuses a pool with persistent connections
+    unpooled = env.database_config("postgres://bob@db.example/asteroid", pool_size=0)  # e.g. behind PgBouncer
+    assert "pool" not in unpooled.get("OPTIONS", {}) and unpooled["CONN_MAX_AGE"] == 60
+    assert "pool" not in env.database_config("sqlite:///x.db", pool_size=7).get("OPTIONS", {})
+
+
 @pytest.mark.parametrize(
     "url, words",
     [

@@ -60,3 +60,18 @@ def test_an_agent_connecting_while_redis_is_down_is_told_to_come_back_not_refuse
 
     async_to_sync(run)()
     only_warnings(caplog, 1)
+
+
+def test_a_coordinator_starting_while_redis_is_down_leaves_its_job_waiting_not_failed(own_redis, bob, caplog):
+    from webapp.jobs.coordinating import coordinate
+    from webapp.jobs.models import Job
+
+    caplog.set_level(logging.INFO)
+    a, _ = enrolled("tx2-0")
+    job = running_job(bob, [a])
+    kill(own_redis)
+    assert coordinate(job.pk) == "stopped"  # its lease is given up: the next watch starts it again
+    assert coordinate(job.pk) == "stopped"
+    job.refresh_from_db()
+    assert job.status == Job.Status.RUNNING
+    assert "Redis" in only_warnings(caplog, 1)[0]  # one line for the outage, not one per try

@@ -26,6 +26,7 @@ from webapp.jobs.launching import accepted, unanswered
 from webapp.lib.dispatch import DirectDispatch
 from webapp.lib.outage import UNREACHABLE, Outage, SocketOutage
 from webapp.lib.pace import Pace
+from webapp.lib.pooled import off_the_database_thread
 from webapp.lib.tokens import bearer
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,7 @@ def _device_of(scope) -> Device | None:
 
 # One read, so it need not wait for daphne's one database thread, where every socket's stored batches queue: a lab
 # reconnecting at once (a daphne restarted) is let in, and its heartbeats heard, while that thread catches up.
-_authenticate = database_sync_to_async(_device_of, thread_sensitive=False)
+_authenticate = off_the_database_thread(_device_of)
 
 
 @database_sync_to_async

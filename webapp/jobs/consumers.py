@@ -17,6 +17,7 @@ from webapp.jobs.live import readable, snapshot
 from webapp.jobs.models import Job, JobEvent
 from webapp.lib.dispatch import DirectDispatch
 from webapp.lib.outage import SocketOutage
+from webapp.lib.pooled import off_the_database_thread
 
 # Close codes of a refused socket (static/js/live.js stops reconnecting on them and says why).
 NOT_LOGGED_IN = 4401  # no session and no valid API token
@@ -46,7 +47,7 @@ def _iterations_between(job_id: int, after: int, before: int) -> list[dict]:
 
 
 # Off daphne's one database thread, where every agent's stored batches queue: a gap is filled while they wait.
-_missed = database_sync_to_async(_iterations_between, thread_sensitive=False)
+_missed = off_the_database_thread(_iterations_between)
 
 
 def _numbers(message: dict) -> list[int | None]:

@@ -28,8 +28,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
+from redis import RedisError
 
 from engine import events
 from engine.errors import UserError
@@ -42,6 +43,8 @@ from webapp.jobs.ending import fail, finish
 from webapp.jobs.models import Job, JobAction, JobDevice
 from webapp.jobs.notify import job_log, notify
 from webapp.jobs.runevents import apply_event, device_state, move
+from webapp.lib.outage import Outage
+from webapp.lib.pooled import give_back
 from workers.storelink import Gateway
 
 log = logging.getLogger(__name__)
@@ -54,6 +57,9 @@ LEASE_LOST = "another coordinators process took the job over"  # (this one could
 LEFT_RUNNING = (SITE_STOPPING, LEASE_LOST)
 RESEND_S = 2.0  # how often `start` is sent again to an agent whose device process has not started
 
+
+# A coordinator cannot start while the database or Redis cannot be reached: its job waits, it is not failed.
+_starting = Outage(log, "the database or Redis to start a job's coordinator", "its job waits for them")
 
 _gateway: Gateway | None = None
 _gateway_lock = threading.Lock()
@@ -139,6 +145,8 @@ class RemoteFleet:
                 tell_agent(entry[0], entry[1])
 
     def _take(self, timeout: float) -> None:
+        if timeout > 0:
+            give_back()  # while it waits for its devices: fifty running jobs need not hold fifty connections
         for entry, _agent, data in self.stream.read(timeout):
             lag.event(entry)
             if data["type"] in ("device-start", "job-stopped", "device-error"):
@@ -249,9 +257,12 @@ def coordinate(job_id: int, ready: threading.Event | None = None, registry: dict
     (unless `owner` no longer holds its lease by then: the process that does decides)."""
     from engine.runtime.coordinator import RunFailed
 
-    job = Job.objects.get(pk=job_id)
     try:
+        job = Job.objects.get(pk=job_id)
         coordinator = coordinator_for(job, owner)
+    except (RedisError, OperationalError, InterfaceError) as exc:  # started again at the next watch, once back
+        _starting.failed(exc)
+        return "stopped"
     except UserError as exc:
         fail(job, f"cannot coordinate the run: {exc}")
         return "failed"
@@ -259,6 +270,7 @@ def coordinate(job_id: int, ready: threading.Event | None = None, registry: dict
         log.exception("starting the coordinator of job %s", job_id)
         fail(job, f"cannot coordinate the run: {type(exc).__name__}: {exc}")
         return "failed"
+    _starting.reached()
     at = coordinator.resume["iteration"] if coordinator.resume is not None else 0
     first = {
         "generation": coordinator.first_generation, "plan": job.plan,

@@ -28,6 +28,7 @@ from django.utils import timezone
 from webapp.jobs.leases import dead_here, this_process
 from webapp.jobs.models import Job
 from webapp.jobs.notify import job_log, notify
+from webapp.lib.pooled import give_back
 
 __all__ = ["Lost", "interrupted", "renewing", "report", "start", "this_process"]
 
@@ -77,6 +78,7 @@ def renewing(job_id: int, owner: str):
                     mine = Job.objects.filter(pk=job_id, status=Job.Status.PLANNING, coordinator=owner)
                     if not mine.update(lease_until=_until()):
                         return  # cancelled or taken over: the planning thread finds out when it next reports
+                    give_back()
                 except Exception:  # a database busy for a moment: the next renewal may get through
                     log.warning("job %s: could not renew its planning lease", job_id, exc_info=True)
         finally:
