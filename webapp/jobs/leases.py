@@ -20,6 +20,7 @@ import socket
 from datetime import timedelta
 
 from django.conf import settings
+from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -77,9 +78,7 @@ def claim(job_ids: list[int], owner: str) -> list[int]:
 def renew(job_ids: list[int], owner: str) -> set[int]:
     """Extend `owner`'s leases on `job_ids`; the ones it still holds (not those another process took over)."""
     until = timezone.now() + timedelta(seconds=settings.ASTEROID_LEASE_S)
-    mine = Job.objects.filter(pk__in=job_ids, coordinator=owner)
-    mine.update(lease_until=until)
-    return set(mine.values_list("pk", flat=True))
+    return set(_update_in_order(job_ids, owner, lease_until=until))
 
 
 def holds(job_id: int, owner: str) -> bool:
@@ -89,4 +88,17 @@ def holds(job_id: int, owner: str) -> bool:
 
 def release(job_ids: list[int], owner: str) -> None:
     """Give up `owner`'s leases on `job_ids` (a clean stop, or a job that ended): free for any process at once."""
-    Job.objects.filter(pk__in=job_ids, coordinator=owner).update(coordinator="", lease_until=None)
+    _update_in_order(job_ids, owner, coordinator="", lease_until=None)
+
+
+def _update_in_order(job_ids: list[int], owner: str, **fields) -> list[int]:
+    """Update those of `job_ids` whose lease `owner` holds, their rows locked in key order as the site's rounds lock
+    them (webapp/jobs/ingest.py): one UPDATE of several jobs locked them in whatever order it met them, and
+    deadlocked with a round on PostgreSQL. Returns their keys."""
+    if not job_ids:  # (on SQLite even an empty transaction takes the write lock)
+        return []
+    with transaction.atomic():
+        mine = Job.objects.select_for_update(no_key=True).filter(pk__in=job_ids, coordinator=owner).order_by("pk")
+        held = list(mine.values_list("pk", flat=True))
+        Job.objects.filter(pk__in=held).update(**fields)
+    return held
