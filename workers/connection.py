@@ -31,7 +31,12 @@ log = logging.getLogger("workers.connection")
 REFUSED_CODE = 4401  # close code of a bad or revoked credential
 MAX_EVENTS = 200  # events per `events` message (protocol)
 MAX_MESSAGE_BYTES = 192 * 1024  # under the site's 256 KiB frame limit
-SEND_EVERY_S = 0.2  # while a sent `events` message awaits its ack, newer events wait at most this long
+# Sends of `events` messages not yet acknowledged, at most; then newer events wait (and go in one message) for the
+# oldest's ack, or ACK_WAIT_S. Before, newer events waited at most 0.2 s: a site minutes behind got five messages a
+# second from each agent, its sockets' queues filled, and the heartbeats queued behind them went unread (boards taken
+# for offline, their jobs failed: 27 of 50 at the control-plane benchmark's full load on two daphne processes).
+WINDOW = 2
+ACK_WAIT_S = 30.0  # (the site acknowledges every message it takes, or closes the socket: this is a safety net)
 WELCOME_TIMEOUT_S = 10.0
 DEFAULT_HEARTBEAT_S = 5.0
 CLOCK_BURST = 8  # clock probes right after welcome, CLOCK_BURST_GAP_S apart ...
@@ -316,14 +321,22 @@ class Connection:
     async def _send_events(self, ws: ClientConnection) -> None:
         """Everything not yet acknowledged (a resend after welcome), then new events as soon as they are added.
 
-        What has accumulated goes in one message. Once a message is sent, newer events wait for its ack (the
-        site has stored it), at most SEND_EVERY_S: an event added to an idle connection goes at once, and under
-        load the site gets one message at a time from this agent, as large as what came meanwhile."""
+        What has accumulated goes in one message. Up to WINDOW sends await their acks (the site has stored them);
+        then newer events wait for the oldest's: an event added to an idle connection goes at once, and under load
+        the site gets a message from this agent as fast as it stores them, each as large as what came meanwhile."""
         wake = _Wakeup(asyncio.get_running_loop())
         self.outbox.watch(wake.added)
         try:
             sent = 0
+            in_flight: deque[int] = deque()  # the last seq of each send not yet acknowledged
             while True:
+                while in_flight and in_flight[0] <= self._acked.seq:
+                    in_flight.popleft()
+                if len(in_flight) >= WINDOW:
+                    await self._acked.until(in_flight[0], ACK_WAIT_S)
+                    if in_flight[0] > self._acked.seq:  # no ack for that long: send on all the same
+                        in_flight.popleft()
+                    continue
                 wake.clear()  # before reading: an add after this read wakes it again
                 entries = self.outbox.pending(after=sent)
                 if not entries:
@@ -332,7 +345,7 @@ class Connection:
                 for text in event_messages(entries):
                     await ws.send(text)
                 sent = entries[-1]["seq"]
-                await self._acked.until(sent, SEND_EVERY_S)
+                in_flight.append(sent)
         finally:
             self.outbox.watch(None)
 

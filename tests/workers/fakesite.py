@@ -34,12 +34,16 @@ class FakeSite:
         ws_port: int = 0,
         clock_offset: float | None = None,
         refuse_clock: bool = False,
+        ack_delay_s: float = 0.0,
     ):
         self.credentials = {cred: name for name, cred in devices.items()}
         self.tokens = dict(tokens or {})
         self.revoked: set[str] = set()  # credentials refused after the handshake (close 4401)
         self.heartbeat_s, self.ws_port = heartbeat_s, ws_port
         self.clock_offset, self.refuse_clock = clock_offset, refuse_clock
+        # A site behind: each ack goes this long after its message is stored, while the site reads on.
+        self.ack_delay_s, self.unacked, self.most_unacked = ack_delay_s, 0, 0
+        self._acks: set[asyncio.Task] = set()
         self.lock = threading.Lock()
         self.received: list[tuple[float, str, dict]] = []  # (monotonic time, device, message), every message
         self.stored: dict[tuple[str, str], list[dict]] = {}  # (device, session) -> stored event entries
@@ -187,8 +191,22 @@ class FakeSite:
         if trigger and any(e["event"]["type"] == trigger for e in entries):
             self._drop[device] = "lose-next"  # stored, not acknowledged: the welcome's last_seq must cover it
             return True
+        if self.ack_delay_s:
+            with self.lock:
+                self.unacked += 1
+                self.most_unacked = max(self.most_unacked, self.unacked)
+            task = asyncio.ensure_future(self._ack_later(ws, last))
+            self._acks.add(task)
+            task.add_done_callback(self._acks.discard)
+            return True
         await ws.send(json.dumps({"type": "ack", "seq": last}))
         return True
+
+    async def _ack_later(self, ws, seq: int) -> None:
+        await asyncio.sleep(self.ack_delay_s)
+        with self.lock:
+            self.unacked -= 1
+        await ws.send(json.dumps({"type": "ack", "seq": seq}))
 
 
 def _handler(site: FakeSite):

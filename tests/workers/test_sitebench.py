@@ -155,7 +155,7 @@ def iteration(i: int) -> dict:
 
 
 def test_an_added_event_is_sent_at_once_not_at_the_next_poll(monkeypatch):
-    monkeypatch.setattr(connection, "SEND_EVERY_S", 60.0)  # a sender that polled would hold them for a minute
+    monkeypatch.setattr(connection, "ACK_WAIT_S", 60.0)  # a sender that polled would hold them for a minute
     with FakeSite({"bench": "cred-bench"}) as fake:
 
         async def scenario(agent):
@@ -168,6 +168,22 @@ def test_an_added_event_is_sent_at_once_not_at_the_next_poll(monkeypatch):
 
         serve(fake, scenario)
         assert [e["iteration"] for e in fake.events("bench", "iteration")] == [0, 1, 2]
+
+
+def test_a_site_slow_to_acknowledge_is_sent_no_more_than_a_window_of_messages():
+    # (a sender that waited at most 0.2 s for each ack had five messages at a time on a site 1 s behind: the site's
+    # queue for the socket filled, and the heartbeats behind it went unread)
+    with FakeSite({"bench": "cred-bench"}, ack_delay_s=1.0) as fake:
+
+        async def scenario(agent):
+            for i in range(100):
+                agent.outbox.add(1, iteration(i))
+                await asyncio.sleep(0.01)
+            assert await agent.until_acked(agent.outbox.last_seq, 10.0)
+
+        serve(fake, scenario)
+        assert [e["iteration"] for e in fake.events("bench", "iteration")] == list(range(100))
+        assert 1 <= fake.most_unacked <= connection.WINDOW == 2
 
 
 def test_events_added_while_a_message_awaits_its_ack_go_together():
