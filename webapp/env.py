@@ -162,7 +162,7 @@ def redact(url: str) -> str:
 def database_config(url: str, name: str = "DATABASE_URL", pool_size: int = 0) -> dict:
     """Django's DATABASES['default'] for a database URL such as sqlite:///var/db.sqlite3 or postgres://u@host/db.
     PostgreSQL with `pool_size` > 0: each process keeps at most that many connections in a psycopg pool, and a
-    thread's connection goes back to it when closed (0: each thread keeps its own for 60 s, as with a pooler)."""
+    thread's connection goes back to it when closed (0: no pool, each thread holds a connection of its own)."""
     hint = "use sqlite:///PATH or postgres://USER:PASSWORD@HOST:PORT/NAME"
     if "://" not in url:
         raise ImproperlyConfigured(f"{name}={redact(url)!r} is not a database URL; {hint}")
