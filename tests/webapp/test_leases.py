@@ -78,3 +78,26 @@ def test_a_process_whose_lease_was_taken_over_stops_its_coordinator_and_leaves_t
     mine.step()
     assert alive.reasons == [LEASE_LOST]
     assert Job.objects.get(pk=running.pk).status == "running"  # another process runs it now
+
+
+def test_new_jobs_spread_evenly_and_a_gone_process_jobs_are_taken_whatever_the_share(bob):
+    def new_job():
+        return Job.objects.create(owner=bob, model="mobilenetv2", status="running", started_at=timezone.now())
+
+    def take(owner):
+        held = list(Job.objects.filter(coordinator=owner).values_list("pk", flat=True))
+        return sorted(leases.claim(leases.share(leases.unowned(exclude=held), owner, len(held)), owner))
+
+    first = [new_job().pk for _ in range(4)]
+    assert take(A) == first  # no other process holds a lease: A takes them all
+    second = [new_job().pk for _ in range(6)]
+    assert take(B) == second[:5]  # B takes up to one past A's 4
+    assert take(A) == second[5:]  # then A, holding the fewer, the last
+    assert take(B) == [] and take(A) == []
+    third = [new_job().pk for _ in range(2)]
+    assert take(A) == third[:1] and take(B) == third[1:]  # 5 each: one each
+    late = second[0]  # B stopped renewing this one: another process takes it over, whatever its share of new ones
+    Job.objects.filter(pk=late).update(lease_until=timezone.now() - timedelta(seconds=1))
+    fourth = new_job().pk
+    assert take(A) == [late]  # A holds 6, B 5 now: no new job for A ...
+    assert take(B) == [fourth]  # ... while B, holding the fewer, takes it

@@ -345,7 +345,8 @@ class Coordinators:
                 if coordinator is not None:
                     log.warning("job %s: its lease was taken over; stopping this process's coordinator", job_id)
                     coordinator.stop(LEASE_LOST)
-        for job_id in leases.claim(leases.unowned(exclude=list(self.threads)), self.owner):
+        wanted = leases.share(leases.unowned(exclude=list(self.threads)), self.owner, len(self.threads))
+        for job_id in leases.claim(wanted, self.owner):
             thread = threading.Thread(
                 target=coordinate,
                 args=(job_id, None, self.running, self.owner),
@@ -355,10 +356,9 @@ class Coordinators:
             self.threads[job_id] = thread
             thread.start()
             log.info("job %s: coordinator started", job_id)
-        for job_id, coordinator in list(self.running.items()):
-            status = Job.objects.filter(pk=job_id).values_list("status", flat=True).first()
-            if status in Job.FINISHED:
-                coordinator.stop(f"the job was {status}")
+        running = dict(self.running)  # one query for every running job's status, not one each per watch
+        for job_id, status in Job.objects.filter(pk__in=running, status__in=Job.FINISHED).values_list("pk", "status"):
+            running[job_id].stop(f"the job was {status}")
         for action in JobAction.objects.filter(done_at__isnull=True, kind__in=("remove", "add")).select_related("job"):
             coordinator = self.running.get(action.job_id)
             if coordinator is None or coordinator.generation is None:

@@ -1,15 +1,17 @@
 """Which coordinators process runs a job's coordinator: a lease in the job's row, claimed atomically, renewed.
 
-    owner = this_process()                      # "host:pid:nonce"
-    claimed = claim(job_ids, owner)             # the jobs of these it now owns (free, expired, or a dead owner's)
-    kept = renew(owned, owner)                  # the ones still its own (a lease it let expire is lost)
-    release(job_ids, owner)                     # a clean stop: another process may take them at once
+    owner = this_process()                                     # "host:pid:nonce"
+    wanted = share(unowned(exclude=owned), owner, len(owned))  # the free jobs it should take (new ones: its share)
+    claimed = claim(wanted, owner)                             # those it now owns (free, expired, a dead owner's)
+    kept = renew(owned, owner)                                 # the ones still its own (one let expire is lost)
+    release(job_ids, owner)                                    # a clean stop: another process may take them at once
 
 Every coordinators process (one under `make run`, several on PostgreSQL for a larger lab) runs the jobs it holds
-leases on. A process that dies stops renewing; once its leases expire (ASTEROID_LEASE_S), another takes its jobs
-over and resumes each from its central replica. A lease held by a process of this host that no longer exists is
-free at once (the supervisor started the coordinators again). A process that could not renew in time (frozen,
-cut off from the database) finds its leases gone and stops those coordinators without ending their jobs.
+leases on, and new jobs spread evenly over the processes. A process that dies stops renewing; once its leases
+expire (ASTEROID_LEASE_S), another takes its jobs over and resumes each from its central replica. A lease held by
+a process of this host that no longer exists is free at once (the supervisor started the coordinators again). A
+process that could not renew in time (frozen, cut off from the database) finds its leases gone and stops those
+coordinators without ending their jobs.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Count, Q
 from django.utils import timezone
 
 from webapp.jobs.models import Job
@@ -57,6 +59,27 @@ def unowned(exclude: list[int]) -> list[int]:
     )
     ready = Job.objects.filter(free, status__in=Job.ACTIVE, started_at__isnull=False).exclude(pk__in=exclude)
     return list(ready.values_list("pk", flat=True))
+
+
+def share(job_ids: list[int], owner: str, held: int) -> list[int]:
+    """Which of free `job_ids` `owner`, holding `held` leases, should claim now: every one held before (its process
+    gone or late: the job must go on), and of the new ones (never held, or released by a clean stop) its share: as
+    many as bring it one past the fewest any other live process holds, so the running jobs spread evenly over the
+    processes instead of going to whichever steps first. (Processes holding no lease are unseen: they take theirs.)"""
+    if not job_ids:
+        return []
+    holders = dict(Job.objects.filter(pk__in=job_ids).values_list("pk", "coordinator"))
+    orphans = [pk for pk in job_ids if holders.get(pk)]
+    new = sorted(pk for pk in job_ids if pk in holders and not holders[pk])
+    live = (
+        Job.objects.filter(status__in=Job.ACTIVE, lease_until__gt=timezone.now())
+        .exclude(coordinator__in=("", owner))
+        .values_list("coordinator")
+        .annotate(n=Count("pk"))
+    )
+    others = [n for holder, n in live if not dead_here(holder)]
+    room = len(new) if not others else max(0, min(others) + 1 - held)
+    return orphans + new[:room]
 
 
 def claim(job_ids: list[int], owner: str) -> list[int]:
