@@ -317,7 +317,8 @@ class Coordinator(Drift, Membership, CentralReplica):
             if self._handed_over_late(members, t):
                 self.store.set(key("end"), "completed")
                 return
-            if t - last_poll > POLL_S:
+            polled = t - last_poll > POLL_S  # the store is read at this pace, not once per event
+            if polled:
                 last_poll = t
                 self._poll_central()
                 self._beat(t)
@@ -326,7 +327,7 @@ class Coordinator(Drift, Membership, CentralReplica):
                 self._recover(dead, "lost")
                 last_event = time.monotonic()
                 continue
-            if self._stopped():
+            if polled and self._stopped():
                 self._membership_change()
                 last_event = time.monotonic()
                 continue

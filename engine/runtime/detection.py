@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 HEARTBEAT_S = 0.2  # how often a device's heartbeat thread bumps its counter and reads the coordinator's flags
-POLL_S = 0.2  # how often the coordinator reads the heartbeat counters
+POLL_S = 0.2  # how often the coordinator reads the store: heartbeat counters, the devices' reports after a stop
 TCP_RTO_MIN_S = 0.2  # Linux's least retransmission timeout: a lost segment is sent again after it, then 2x, 4x, ...
 FLAP_S = 2.0  # a link outage (a flapping cable, a switch port resetting) this short is ridden out by default
 LINK_QUEUE_S = 0.4  # the longest a heartbeat waits behind other traffic in a board's link queue (tc tbf's 400 ms)
