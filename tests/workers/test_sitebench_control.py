@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
         (["--coordinators", "2"], "more than one coordinators process needs PostgreSQL"),
         (["--redis-url", "http://x"], "is not a redis:// URL"),
         (["--agents", "0"], "must be from 1 to 2000"),
+        (["--kill", "celery"], "invalid choice: 'celery'"),
     ],
 )
 def test_bad_arguments_are_one_line(capsys, argv, words):
@@ -55,6 +56,8 @@ def test_a_small_run_loses_nothing_and_its_jobs_survive_the_kills():
     assert doc["drain"]["events_still_held"] == 0
     assert [k["role"] for k in doc["kills"]] == ["coordinators", "daphne"]
     assert doc["jobs_restarted"] == 2, doc  # the killed process's jobs: started again by its successor
+    assert doc["leases_taken_over"] == 2, doc  # ... which took their leases over first
+    assert 0 < doc["lease_taken_over_s"]["max"] <= doc["restart_s"]["max"], doc
     assert doc["compaction"]["rows_deleted"] > 0
     kept = doc["storage_per_job_hour_after_compaction"].get("step", {"rows": 0})  # (none: no step row left)
     assert kept["rows"] < doc["storage_per_job_hour"]["step"]["rows"]

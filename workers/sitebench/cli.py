@@ -143,8 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--daphnes, --coordinators and --celery processes; enroll --agents boards (the real agent's session each, "
         "heartbeating); run --jobs jobs of --job-devices boards each, whose devices send what a training run sends "
         "(its steps and iterations) at the rate its plan predicts; watch them with --browsers sockets; kill a "
-        "coordinators and a daphne process after --kill-after s. Reports latencies, what was lost, job restarts, "
-        "rows and bytes per job-hour (before and after compaction) and CPU per process.",
+        "coordinators and a daphne process (--kill) after --kill-after s. Reports latencies, what was lost, job "
+        "restarts, rows and bytes per job-hour (before and after compaction) and CPU per process.",
         epilog=CONTROL_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -161,6 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "(default 300 s); what is still held then counts as lost")  # fmt: skip
     control.add_argument("--kill-after", type=_number(MAX_SECONDS, zero=True), default=0.0,
                          help="kill a coordinators and a daphne process this many s in (default 0: none)")  # fmt: skip
+    control.add_argument("--kill", choices=("both", "coordinators", "daphne"), default="both",
+                         help="which processes --kill-after kills: a coordinators and a daphne process (both, the "
+                              "default), or one of them")  # fmt: skip
     control.add_argument("--daphnes", type=_int_in(1, 16), default=1, help="daphne processes (default 1)")
     control.add_argument("--coordinators", type=_int_in(1, 16), default=1,
                          help="coordinators processes (default 1; more need --database-url)")  # fmt: skip

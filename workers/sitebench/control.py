@@ -65,10 +65,38 @@ async def _sample_lag(samples: list[dict], stop: asyncio.Event) -> None:
 
 async def _kill(args, sut: SiteUnderTest, at: float, kills: list[dict]) -> None:
     await asyncio.sleep(max(0.0, at - time.monotonic()))
-    for name in ("coordinators", "daphne"):
+    for name in ("coordinators", "daphne") if args.kill == "both" else (args.kill,):
         pid = await asyncio.to_thread(sut.kill, name)
-        kills.append({"role": name, "pid": pid, "t": time.monotonic()})
+        kill = {"role": name, "pid": pid, "t": time.monotonic()}
+        kills.append(kill)
         say(args, f"killed the {name} process {pid} (SIGKILL)")
+        if name == "coordinators":
+            kill["taken_over"] = asyncio.create_task(_taken_over(pid))
+
+
+def _leases_of(pid: int) -> dict[int, str]:
+    from webapp.jobs.models import Job
+
+    rows = Job.objects.filter(coordinator__regex=rf"^[^:]*:{pid}:").values_list("pk", "coordinator")
+    return dict(rows)
+
+
+async def _taken_over(pid: int, limit_s: float = 60.0) -> dict[int, float]:
+    """Per job the killed coordinators process `pid` held a lease on: when another process's lease on it replaced
+    that one (monotonic time; read every 0.1 s, for up to `limit_s`)."""
+    from webapp.jobs.models import Job
+
+    held = await asyncio.to_thread(_leases_of, pid)
+    taken: dict[int, float] = {}
+    deadline = time.monotonic() + limit_s
+    while len(taken) < len(held) and time.monotonic() < deadline:
+        rows = await asyncio.to_thread(lambda: list(Job.objects.filter(pk__in=held).values_list("pk", "coordinator")))
+        now = time.monotonic()
+        for pk, owner in rows:
+            if owner and owner != held[pk] and pk not in taken:
+                taken[pk] = now
+        await asyncio.sleep(0.1)
+    return taken
 
 
 def _stored(job_ids: list[int]) -> dict:
@@ -161,6 +189,9 @@ async def run_control(args) -> dict:
             cpu[name] = round((now.user + now.system - before.user - before.system) / elapsed, 3)
         if killer is not None:
             await killer
+            for kill in kills:
+                if "taken_over" in kill:
+                    kill["taken_over"] = await kill["taken_over"]
         say(args, f"sent; waiting up to {args.drain:g} s for the site to store what the boards still hold")
         drained = time.monotonic()
         while any(a.outbox.acked < a.outbox.last_seq for a in agents) and time.monotonic() - drained < args.drain:

@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import os
+import random
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -35,6 +37,27 @@ def role(proc: psutil.Process) -> str | None:
     return None
 
 
+def free_ports(count: int) -> int:
+    """The first of `count` consecutive TCP ports free now (the coordinators processes' store gateways take
+    ASTEROID_STORE_PORT, +1, ...), below the kernel's ephemeral range, where the site's own connections to
+    PostgreSQL and Redis take ports: the one after a free ephemeral port is often taken a moment later."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(10_000, max(10_001, low - count))
+        try:
+            for port in range(base, base + count):
+                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                    s.bind(("0.0.0.0", port))
+        except OSError:
+            continue
+        return base
+    raise BenchError(f"found no {count} consecutive free TCP ports for the coordinators' store gateways")
+
+
 class SiteUnderTest:
     """`python -m webapp.startsite` in a private var directory on free ports, no emulated agents. The database
     and Redis are the embedded ones unless `database_url` / `redis_url` are given."""
@@ -46,7 +69,7 @@ class SiteUnderTest:
         self.env.pop("DATABASE_URL", None)
         self.env.pop("REDIS_URL", None)
         self.env.update(
-            ASTEROID_VAR_DIR=str(self.var), ASTEROID_PORT=str(port), ASTEROID_STORE_PORT=str(free_port()),
+            ASTEROID_VAR_DIR=str(self.var), ASTEROID_PORT=str(port), ASTEROID_STORE_PORT=str(free_ports(coordinators)),
             ASTEROID_CLUSTER="none", ASTEROID_ADMIN_PASSWORD=secrets.token_urlsafe(12),
             ASTEROID_DAPHNES=str(daphnes), ASTEROID_COORDINATORS=str(coordinators),
             ASTEROID_CELERY_WORKERS=str(celery), ASTEROID_LOG_LEVEL="WARNING",

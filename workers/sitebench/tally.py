@@ -65,6 +65,7 @@ def summarize_control(args, senders, agents, urls, job_ids, seen_iterations, see
     restarted = [
         (at - kills[0]["t"]) for s in senders for at, gen in s.generations if kills and gen > 0
     ]  # fmt: skip
+    taken = [at - k["t"] for k in kills for at in (k.get("taken_over") or {}).values()]
     event_p99 = [d["event_ms"].get("p99_ms") for smp in lags for d in smp.get("by_process", {}).values()]
     event_p50 = [d["event_ms"].get("p50_ms") for smp in lags for d in smp.get("by_process", {}).values()]
     loop_p99 = [d["loop_ms"].get("p99_ms") for smp in lags for d in smp.get("by_process", {}).values()]
@@ -106,6 +107,8 @@ def summarize_control(args, senders, agents, urls, job_ids, seen_iterations, see
             "agent_reconnects": sum(max(0, a.sessions - 1) for a in agents),
         },  # fmt: skip
         "kills": [{"role": k["role"], "at_s": round(k["t"] - t0, 1)} for k in kills],
+        "leases_taken_over": len(taken),
+        "lease_taken_over_s": latency_stats(taken),
         "jobs_restarted": len(restarted),
         "restart_s": latency_stats(restarted),
         "longest_live_gap_s": {"p50": round(_median(sorted(gaps)) or 0.0, 2), "max": round(max(gaps, default=0.0), 2)},
@@ -155,8 +158,11 @@ def render_control(doc: dict) -> str:
         r = doc["restart_s"]
         killed = ", ".join(f"{k['role']} at {k['at_s']} s" for k in doc["kills"])
         gap = doc["longest_live_gap_s"]["max"]
-        lines += [f"killed: {killed}; {doc['jobs_restarted']} jobs started again by a new coordinator, "
-                  f"after {r['p50']} ms (p50), {r['max']} ms (max)",
+        t = doc.get("lease_taken_over_s") or {}
+        lines += [f"killed: {killed}; another coordinators process took over {doc.get('leases_taken_over', 0)} "
+                  f"of its jobs' leases after {t.get('p50')} ms (p50), {t.get('max')} ms (max); "
+                  f"{doc['jobs_restarted']} jobs' new start reached every board after {r['p50']} ms (p50), "
+                  f"{r['max']} ms (max)",
                   f"longest gap in a browser's iterations: {gap} s"]  # fmt: skip
     for title, key in (("stored per job-hour", "storage_per_job_hour"),
                        ("kept per job-hour after compaction", "storage_per_job_hour_after_compaction")):  # fmt: skip
