@@ -58,6 +58,8 @@ def test_a_small_run_loses_nothing_and_its_jobs_survive_the_kills():
     assert doc["jobs_restarted"] == 2, doc  # the killed process's jobs: started again by its successor
     assert doc["leases_taken_over"] == 2, doc  # ... which took their leases over first
     assert 0 < doc["lease_taken_over_s"]["max"] <= doc["restart_s"]["max"], doc
+    # one daphne, killed: every board of the two jobs connected again and then got its new start
+    assert doc["start_at_boards_reconnected_s"]["count"] == 4 and doc["start_at_boards_connected_s"]["count"] == 0
     assert doc["compaction"]["rows_deleted"] > 0
     kept = doc["storage_per_job_hour_after_compaction"].get("step", {"rows": 0})  # (none: no step row left)
     assert kept["rows"] < doc["storage_per_job_hour"]["step"]["rows"]

@@ -141,6 +141,7 @@ class BenchAgent:
         self.connection = Connection(site, credential, self._hello, self.outbox, self.runner)
         self.session = secrets.token_hex(8)  # one per benchmark run, kept across reconnects (seqs go on)
         self.sessions = 0  # hellos said: more than one means the connection was lost and made again
+        self.hellos: list[float] = []  # when each hello went (monotonic): the session was made (again)
         self.warnings = _Warnings()
         self._logger = logging.getLogger("workers.connection")
         self._stop: asyncio.Event | None = None
@@ -152,6 +153,7 @@ class BenchAgent:
 
     async def _hello(self) -> dict:
         self.sessions += 1
+        self.hellos.append(time.monotonic())
         return {
             "type": "hello",
             "session": self.session,

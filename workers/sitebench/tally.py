@@ -66,6 +66,7 @@ def summarize_control(args, senders, agents, urls, job_ids, seen_iterations, see
         (at - kills[0]["t"]) for s in senders for at, gen in s.generations if kills and gen > 0
     ]  # fmt: skip
     taken = [at - k["t"] for k in kills for at in (k.get("taken_over") or {}).values()]
+    held, again = _starts_at_boards(senders, kills)
     event_p99 = [d["event_ms"].get("p99_ms") for smp in lags for d in smp.get("by_process", {}).values()]
     event_p50 = [d["event_ms"].get("p50_ms") for smp in lags for d in smp.get("by_process", {}).values()]
     loop_p99 = [d["loop_ms"].get("p99_ms") for smp in lags for d in smp.get("by_process", {}).values()]
@@ -111,12 +112,44 @@ def summarize_control(args, senders, agents, urls, job_ids, seen_iterations, see
         "lease_taken_over_s": latency_stats(taken),
         "jobs_restarted": len(restarted),
         "restart_s": latency_stats(restarted),
+        "start_at_boards_reconnected_s": latency_stats([t for t, _ in again]),
+        "start_after_hello_s": latency_stats([d for _, d in again]),
+        "start_at_boards_connected_s": latency_stats(held),
         "longest_live_gap_s": {"p50": round(_median(sorted(gaps)) or 0.0, 2), "max": round(max(gaps, default=0.0), 2)},
         "storage_per_job_hour": per_job_hour(stored),
         "storage_per_job_hour_after_compaction": per_job_hour(after),
         "compaction": compacted,
         "cpu_cores": cpu,
     }
+
+
+def _starts_at_boards(senders, kills: list[dict]) -> tuple[list[float], list[tuple[float, float]]]:
+    """The boards of the jobs started again after the kills: for those whose session held, when the new start
+    reached each (s after the first kill); for those that connected again (their daphne died), that and how long
+    after their hello."""
+    held, again = [], []
+    for sender in senders:
+        for agent in sender.agents:
+            new = [at for at, msg in agent.runner.starts if kills and msg.get("generation", 0) > 0]
+            if not new:
+                continue
+            hello = next((h for h in agent.hellos if h > kills[0]["t"]), None)
+            if hello is None:
+                held.append(new[0] - kills[0]["t"])
+            else:
+                again.append((new[0] - kills[0]["t"], new[0] - hello))
+    return held, again
+
+
+def _boards_line(doc: dict) -> str:
+    """When the new start reached the boards that kept their session and those that made it again."""
+    kept, again, after = (doc.get(k) or {} for k in ("start_at_boards_connected_s", "start_at_boards_reconnected_s",
+                                                      "start_after_hello_s"))  # fmt: skip
+    return (
+        f"the new start reached {kept.get('count', 0)} boards whose session held after {kept.get('p50')} ms "
+        f"(p50), {kept.get('max')} ms (max); {again.get('count', 0)} boards that connected again after "
+        f"{again.get('p50')} ms (p50), {again.get('max')} ms (max), {after.get('p50')} ms (p50) after their hello"
+    )
 
 
 def _median(values: list[float]) -> float | None:
@@ -163,6 +196,7 @@ def render_control(doc: dict) -> str:
                   f"of its jobs' leases after {t.get('p50')} ms (p50), {t.get('max')} ms (max); "
                   f"{doc['jobs_restarted']} jobs' new start reached every board after {r['p50']} ms (p50), "
                   f"{r['max']} ms (max)",
+                  _boards_line(doc),
                   f"longest gap in a browser's iterations: {gap} s"]  # fmt: skip
     for title, key in (("stored per job-hour", "storage_per_job_hour"),
                        ("kept per job-hour after compaction", "storage_per_job_hour_after_compaction")):  # fmt: skip
