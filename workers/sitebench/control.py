@@ -65,28 +65,29 @@ async def _sample_lag(samples: list[dict], stop: asyncio.Event) -> None:
 
 async def _kill(args, sut: SiteUnderTest, at: float, kills: list[dict]) -> None:
     await asyncio.sleep(max(0.0, at - time.monotonic()))
+    owners = await asyncio.to_thread(_lease_owners)  # read before the kill: another process claims within 0.5 s
     for name in ("coordinators", "daphne") if args.kill == "both" else (args.kill,):
         pid = await asyncio.to_thread(sut.kill, name)
         kill = {"role": name, "pid": pid, "t": time.monotonic()}
         kills.append(kill)
         say(args, f"killed the {name} process {pid} (SIGKILL)")
         if name == "coordinators":
-            kill["taken_over"] = asyncio.create_task(_taken_over(pid))
+            held = {pk: owner for pk, owner in owners.items() if owner.split(":")[1:2] == [str(pid)]}
+            kill["taken_over"] = asyncio.create_task(_taken_over(held))
 
 
-def _leases_of(pid: int) -> dict[int, str]:
+def _lease_owners() -> dict[int, str]:
+    """Every job's coordinators process ("host:pid:nonce", leases.this_process), by job id."""
     from webapp.jobs.models import Job
 
-    rows = Job.objects.filter(coordinator__regex=rf"^[^:]*:{pid}:").values_list("pk", "coordinator")
-    return dict(rows)
+    return dict(Job.objects.values_list("pk", "coordinator"))
 
 
-async def _taken_over(pid: int, limit_s: float = 60.0) -> dict[int, float]:
-    """Per job the killed coordinators process `pid` held a lease on: when another process's lease on it replaced
-    that one (monotonic time; read every 0.1 s, for up to `limit_s`)."""
+async def _taken_over(held: dict[int, str], limit_s: float = 60.0) -> dict[int, float]:
+    """Per job of `held` (its lease's owner when the process was killed): when another process's lease on it
+    replaced that one (monotonic time; read every 0.1 s, for up to `limit_s`)."""
     from webapp.jobs.models import Job
 
-    held = await asyncio.to_thread(_leases_of, pid)
     taken: dict[int, float] = {}
     deadline = time.monotonic() + limit_s
     while len(taken) < len(held) and time.monotonic() < deadline:
