@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from engine.planners.stagecosts import allocate_time, memory_free, stage_allreduce
+from engine.planners.stagecosts import capped_time, fixed_s, ring_s, split_fit
 
 
 @njit(cache=True)
@@ -35,6 +35,27 @@ def _entries(n):
 def _grow_entries(U, S, A, j, g, n, need):
     """The six arrays of `_entries`, each with room for `need`."""
     return _grow(U, need), _grow(S, need), _grow(A, need), _grow(j, need), _grow(g, need), _grow(n, need)
+
+
+@njit(cache=True)
+def _next_move(g, rv, ordered):
+    """Advance g (all zeros before the first move) to the next group a state of devices left rv may give its stage:
+    every g <= rv (exact) or the next devices in memory order (ordered); False when there is none."""
+    K = g.shape[0]
+    if ordered:
+        for x in range(K):
+            if g[x] < rv[x]:
+                g[x] += 1
+                return True
+        return False
+    x = K - 1
+    while x >= 0 and g[x] == rv[x]:
+        g[x] = 0
+        x -= 1
+    if x < 0:
+        return False
+    g[x] += 1
+    return True
 
 
 @njit(cache=True)
@@ -131,6 +152,107 @@ def _keep_front(eU, eS, eA, ej, eg, en, n_e, f, M, pU, pS, pA, pj, pg, pn, used)
     return kept
 
 
+@njit(cache=True)
+def _split_floor(ps, m, i, j, g, fixed):
+    """A stage time no split of group g's m samples over layers [i, j) beats: the samples split fractionally by the
+    per-sample times ps, no memory cap, plus the stage's fixed seconds (a hair lower, so that float rounding never puts
+    it above `split_fit`'s). Takes arrays, not the tables: see `stagecosts.ring_s`."""
+    inv = 0.0
+    for x in range(g.shape[0]):
+        if g[x]:
+            inv += g[x] / ps[x, i, j]
+    return (m / inv) * (1 - 1e-9) + fixed
+
+
+@njit(cache=True)
+def _prefix_bounds(t, cap_bound, limit, cuts, states, codes, ordered):  # noqa: C901
+    """Lower bounds, over the plans with iteration time <= cap_bound, on what the stages before each state take: the
+    least sum and the least slowest of their stage times (inf: no such plan reaches it), and the least slowest stage
+    of a whole plan (inf: no plan).
+
+    A forward pass over the same moves as `front_search`, without fronts, and each stage timed from below: its
+    samples split fractionally by the per-sample times (no memory cap; `split_fit`'s exact split costs about 30
+    times as much and bounds barely better). The search then starts every state from these bounds instead of from
+    its work over its devices' speed, and skips the states no plan within the bound reaches: at 64 boards x 200
+    layers the round that finds the optimum took 0.4 s instead of 6-8 s, and micro-batch counts without a plan
+    within the bound are mostly ruled out here, in milliseconds.
+    """
+    L, M, m, K = t.L, t.M, t.m, t.K
+    Wp, speed, ps, overhead, latency = t.Wp, t.speed, t.ps, t.overhead, t.latency
+    params, link_mbps, link_bps, factor = t.params, t.link_mbps, t.link_bps, t.factor
+    R = states.shape[0]
+    Sp = np.full((L + 1, R), np.inf)
+    Pm = np.full((L + 1, R), np.inf)
+    Sp[0, 0] = 0.0
+    Pm[0, 0] = 0.0
+    whole = np.inf
+    any_cut = np.zeros(L + 1, np.bool_)
+    for j in range(L + 1):
+        for k in range(cuts.shape[0]):
+            any_cut[j] = any_cut[j] or cuts[k, j]
+    g = np.zeros(K, np.int64)
+    Wl = Wp[L]
+    top = cap_bound * (1 + 1e-9)
+    for i in range(L):
+        Wi = Wp[i]
+        for r in range(R):
+            sp, pm = Sp[i, r], Pm[i, r]
+            if sp == np.inf:
+                continue
+            rv = states[r]
+            for x in range(K):
+                g[x] = 0
+            while _next_move(g, rv, ordered):
+                size = 0
+                sg = 0.0
+                sr = 0.0
+                n_rest = 0
+                gcode = 0
+                for x in range(K):
+                    size += g[x]
+                    sg += g[x] * speed[x]
+                    sr += (rv[x] - g[x]) * speed[x]
+                    n_rest += rv[x] - g[x]
+                    gcode += g[x] * codes[x]
+                if size > m:
+                    if ordered:
+                        break
+                    continue
+                child = r + size if ordered else r + gcode
+                lo, hi = L + 1, L - 1
+                if n_rest >= 1:
+                    hi = min(np.searchsorted(Wp, Wi + limit * sg / m, side="right") - 1, L - 1)
+                    lo = max(np.searchsorted(Wp, Wl - limit * sr / m, side="left"), i + 1)
+                    x_lo, x_hi = _work_window(M, m, sg, sr, Wl - Wi, cap_bound - sp, (M - 1) * pm)
+                    if x_lo > x_hi:
+                        lo, hi = L + 1, L - 1
+                    else:
+                        hi = min(hi, np.searchsorted(Wp, Wi + x_hi, side="right") - 1)
+                        lo = max(lo, np.searchsorted(Wp, Wi + x_lo, side="left"))
+                last = (Wl - Wi) * m <= limit * sg
+                middle = hi - lo + 1 if hi >= lo else 0
+                for step in range(middle + (1 if last else 0)):
+                    j = L if step == middle else lo + step
+                    if j < L and not any_cut[j]:
+                        continue
+                    rest_s = (Wl - Wp[j]) * m / sr if j < L else 0.0
+                    u = _split_floor(ps, m, i, j, g, fixed_s(overhead, latency, L, i, j))
+                    most = u if u > pm else pm
+                    if sp + u + rest_s + (M - 1) * (most if most > rest_s else rest_s) > top:
+                        continue
+                    ar = ring_s(params, link_mbps, link_bps, factor, latency, i, j, g)
+                    if sp + u + rest_s + ar + (M - 1) * (most if most > rest_s else rest_s) > top:
+                        continue
+                    if j == L:
+                        whole = most if most < whole else whole
+                        continue
+                    if sp + u < Sp[j, child]:
+                        Sp[j, child] = sp + u
+                    if most < Pm[j, child]:
+                        Pm[j, child] = most
+    return Sp, Pm, whole
+
+
 @njit(cache=True, nogil=True)
 def front_search(t, cap_bound, limit, ks, k_top, cuts, states, codes, ordered, keep):  # noqa: C901
     """Fill the fronts of every state, bottom-up, and return the `keep` best plans at the top.
@@ -142,8 +264,9 @@ def front_search(t, cap_bound, limit, ks, k_top, cuts, states, codes, ordered, k
     fastest first) and every entry's end layer, group code and next entry, for the caller to follow.
     """
     L, M, m, K = t.L, t.M, t.m, t.K
-    Wp, speed, a_in, a_out = t.Wp, t.speed, t.a_in, t.a_out
-    per_layer, per_boundary, total_speed = t.per_layer, t.per_boundary, t.total_speed
+    Wp, speed, total_speed, ps, overhead, latency = t.Wp, t.speed, t.total_speed, t.ps, t.overhead, t.latency
+    params, link_mbps, link_bps, factor = t.params, t.link_mbps, t.link_bps, t.factor
+    static, saved, peak, memory = t.static, t.saved, t.peak, t.memory
     R = states.shape[0]
     relaxed = ks[0] == 0
     nk = 1 if relaxed else k_top + 1
@@ -160,6 +283,12 @@ def front_search(t, cap_bound, limit, ks, k_top, cuts, states, codes, ordered, k
     # slowest stage cannot decide the plan's, so the fronts compare entries' slowest stages from the floor up.
     # Only when one plan is wanted: the ranking asks the fronts for more of the trade-offs (`keep`).
     lb_all = Wl * m / total_speed if keep == 1 else 0.0
+    Sp, Pm, whole = _prefix_bounds(t, cap_bound, limit, cuts, states, codes, ordered)
+    if whole == np.inf:  # no plan within the bound
+        empty = np.empty(0, np.int64)
+        return np.empty(0), empty, empty, empty, empty, empty
+    if keep == 1 and whole > lb_all:
+        lb_all = whole
     for i in range(L - 1, -1, -1):
         Wi = Wp[i]
         for r in range(R):
@@ -171,15 +300,20 @@ def front_search(t, cap_bound, limit, ks, k_top, cuts, states, codes, ordered, k
                 s_r += rv[k] * speed[k]
             if n_r == 0 or (i > 0 and r == 0):  # no device left, or layers before it on no device
                 continue
+            # the stages before: at least their work over the speed of the devices they had, and at least what the
+            # forward pass found (its sum a hair lower, so that no float rounding ever rules out a plan at the bound)
             up = Wi * m / (total_speed - s_r) if i else 0.0
+            sp = Sp[i, r] * (1 - 1e-12)
+            sp = sp if sp > up else up
+            pm = Pm[i, r] if Pm[i, r] > up else up
             us = (Wl - Wi) * m / s_r
-            if (M - 1) * (up if up > us else us) + up + us > cap_bound:
+            if (M - 1) * (pm if pm > us else us) + sp + us > cap_bound:
                 for kk in range(nk):
                     start[kk, i, r] = used
                 continue
-            room = cap_bound - up
-            f = up if up > lb_all and keep == 1 else lb_all
-            tail = (M - 1) * up
+            room = cap_bound - sp
+            f = pm if pm > lb_all and keep == 1 else lb_all
+            tail = (M - 1) * pm
             for kk in range(nk):
                 k = 0 if relaxed else kk
                 if not relaxed and (k == 0 or k > L - i or k > n_r):
@@ -195,37 +329,7 @@ def front_search(t, cap_bound, limit, ks, k_top, cuts, states, codes, ordered, k
                 # moves: every group g <= r (exact) or the next devices in memory order (ordered)
                 for x in range(K):
                     g[x] = 0
-                first = True
-                while True:
-                    # advance g to the next move
-                    if ordered:
-                        if first:
-                            moved = False
-                            for x in range(K):
-                                if rv[x] > 0:
-                                    g[x] = 1
-                                    moved = True
-                                    break
-                            if not moved:
-                                break
-                        else:
-                            moved = False
-                            for x in range(K):
-                                if g[x] < rv[x]:
-                                    g[x] += 1
-                                    moved = True
-                                    break
-                            if not moved:
-                                break
-                    else:
-                        x = K - 1
-                        while x >= 0 and g[x] == rv[x]:
-                            g[x] = 0
-                            x -= 1
-                        if x < 0:
-                            break
-                        g[x] += 1
-                    first = False
+                while _next_move(g, rv, ordered):
                     size = 0
                     for x in range(K):
                         size += g[x]
@@ -267,38 +371,35 @@ def front_search(t, cap_bound, limit, ks, k_top, cuts, states, codes, ordered, k
                         rest_s = (Wl - Wp[j]) * m / sr if j < L else 0.0
                         most = tail if tail > (M - 1) * rest_s else (M - 1) * rest_s
                         u_max = min((room - rest_s) / M, room - rest_s - most)
-                        work, comm = Wp[j] - Wi, a_in[i] + a_out[j]
-                        fixed = (j - i) * per_layer + (int(i > 0) + int(j < L)) * per_boundary
-                        inv = 0.0
-                        for x in range(K):
-                            if g[x]:
-                                inv += g[x] / (work / speed[x] + comm)
-                        u_lb = (m / inv) + fixed
+                        fixed = fixed_s(overhead, latency, L, i, j)
+                        u_lb = _split_floor(ps, m, i, j, g, fixed)
                         if u_lb > u_max:
                             continue
                         # the all-reduce is the stage's alone: with it, the bound above may already be passed
-                        ar = stage_allreduce(t, i, j, g)
-                        if u_lb + ar + rest_s + (M - 1) * max(u_lb, up, rest_s) > room * (1 + 1e-9):
+                        ar = ring_s(params, link_mbps, link_bps, factor, latency, i, j, g)
+                        if u_lb + ar + rest_s + (M - 1) * max(u_lb, pm, rest_s) > room * (1 + 1e-9):
                             continue
-                        u, ar, fits = memory_free(t, i, j, g)
+                        best, fits = split_fit(ps, static, saved, peak, memory, m, i, j, g)
+                        u = fixed + best
                         if in_flight > fits:
-                            u = allocate_time(t, i, j, g, in_flight)
+                            u = capped_time(ps, static, saved, peak, memory, m, fixed, i, j, g, in_flight)
                             if u < 0:
                                 continue
                         if u > u_max:
                             continue
                         if j == L:
-                            if (M - 1) * (u if u > up else up) + u + ar <= room:
+                            if (M - 1) * (u if u > pm else pm) + u + ar <= room:
                                 if n_e + 1 > eU.shape[0]:
                                     eU, eS, eA, ej, eg, en = _grow_entries(eU, eS, eA, ej, eg, en, n_e + 1)
                                 eU[n_e], eS[n_e], eA[n_e], ej[n_e], eg[n_e], en[n_e] = u, u, ar, j, gcode, -1
                                 n_e += 1
                             continue
                         lim = room - u
-                        floor = u if u > up else up
+                        floor = u if u > pm else pm
                         ck = 0 if relaxed else k - 1
                         cs = start[ck, j, child]
                         f_c = Wp[j] * m / (total_speed - sr)  # the child state's floor, as it computed it
+                        f_c = f_c if f_c > Pm[j, child] else Pm[j, child]
                         f_c = f_c if f_c > lb_all and keep == 1 else lb_all
                         ce = cs + length[ck, j, child]
                         if n_e + ce - cs > eU.shape[0]:

@@ -14,7 +14,7 @@ import numpy as np
 from numba import njit
 
 from engine.allocation import water_fill
-from engine.costmodel import DEFAULT_CODEC_WORK, stage_fixed_s
+from engine.costmodel import DEFAULT_CODEC_WORK
 from engine.devices import LAYER_OVERHEAD_S
 from engine.plan import ALLREDUCE, OFF, gradient_bits
 
@@ -54,30 +54,50 @@ def _fill_per_sample(t):
 
 @njit(cache=True)
 def _fixed(t, i, j):
-    return 2 * (j - i) * t.overhead + 2 * (int(i > 0) + int(j < t.L)) * t.latency
+    return fixed_s(t.overhead, t.latency, t.L, i, j)
+
+
+@njit(cache=True)
+def fixed_s(overhead, latency, L, i, j):
+    """A stage's seconds that do not depend on its samples: every layer's launches and every boundary's latency."""
+    return 2 * (j - i) * overhead + 2 * (int(i > 0) + int(j < L)) * latency
 
 
 @njit(cache=True)
 def stage_allreduce(t, i, j, g):
     """Ring all-reduce of layers [i, j) across group g at its slowest class's link (costmodel.allreduce_s)."""
-    K, link_mbps = t.K, t.link_mbps
+    return ring_s(t.params, t.link_mbps, t.link_bps, t.factor, t.latency, i, j, g)
+
+
+@njit(cache=True)
+def ring_s(params, link_mbps, link_bps, factor, latency, i, j, g):
+    """`stage_allreduce` from the tables' arrays themselves. The search calls this form: numba passes a named tuple
+    to a function field by field, and passing all of `Tables` cost ten times the arithmetic."""
     n = 0
     slow = -1
-    for k in range(K):
+    for k in range(g.shape[0]):
         if g[k]:
             n += g[k]
             if slow < 0 or link_mbps[k] < link_mbps[slow]:
                 slow = k
     if n < 2:
         return 0.0
-    nbytes = (t.params[j] - t.params[i]) * t.factor / 4
-    return 2 * (n - 1) / n * nbytes / t.link_bps[slow] + 2 * (n - 1) * t.latency
+    nbytes = (params[j] - params[i]) * factor / 4
+    return 2 * (n - 1) / n * nbytes / link_bps[slow] + 2 * (n - 1) * latency
 
 
 @njit(cache=True)
 def memory_free(t, i, j, g):
     """(time, all-reduce, most in-flight micro-batches every device still fits it) of group g's best split of m
-    samples over layers [i, j) ignoring memory.
+    samples over layers [i, j) ignoring memory (`split_fit` plus the stage's fixed seconds and its all-reduce)."""
+    best, most = split_fit(t.ps, t.static, t.saved, t.peak, t.memory, t.m, i, j, g)
+    return _fixed(t, i, j) + best, stage_allreduce(t, i, j, g), most
+
+
+@njit(cache=True)
+def split_fit(ps, static, saved, peak, memory, m, i, j, g):
+    """(seconds of samples, most in-flight micro-batches every device still fits) of group g's best split of m samples
+    over layers [i, j) ignoring memory, from the tables' arrays (see `ring_s` for why).
 
     With identical devices per class the optimum has a closed form: every device's time is fixed + n * c_k, so the
     stage time is fixed + t for the least t on some class's grid q * c_k with sum_k count_k * floor(t / c_k) >= m,
@@ -85,9 +105,7 @@ def memory_free(t, i, j, g):
     slowest class; the same products as `allocation.allocate`'s, so the times agree exactly (the planner's tests
     check it). Memory only caps the in-flight micro-batches: while this split fits, it is the optimum.
     """
-    K, m = t.K, t.m
-    static, saved, peak, memory = t.static, t.saved, t.peak, t.memory
-    c = t.ps[:, i, j]
+    K = g.shape[0]
     classes = 0
     only = -1
     for k in range(K):
@@ -95,15 +113,15 @@ def memory_free(t, i, j, g):
             classes += 1
             only = k
     if classes == 1:
-        best = -(-m // g[only]) * c[only]
+        best = -(-m // g[only]) * ps[only, i, j]
     else:
         inv = 0.0
         slowest = 0.0
         for k in range(K):
             if g[k]:
-                inv += g[k] / c[k]
-                if c[k] > slowest:
-                    slowest = c[k]
+                inv += g[k] / ps[k, i, j]
+                if ps[k, i, j] > slowest:
+                    slowest = ps[k, i, j]
         lowest = m / inv
         if slowest > lowest:
             lowest = slowest
@@ -111,19 +129,17 @@ def memory_free(t, i, j, g):
         for k in range(K):
             if not g[k]:
                 continue
-            q = max(1, math.ceil(lowest / c[k] - 1e-9))
-            while q * c[k] < best:
-                tt = q * c[k]
+            q = max(1, math.ceil(lowest / ps[k, i, j] - 1e-9))
+            while q * ps[k, i, j] < best:
+                tt = q * ps[k, i, j]
                 held = 0
                 for k2 in range(K):
                     if g[k2]:
-                        held += g[k2] * min(m, math.floor(tt / c[k2] + 1e-9))
+                        held += g[k2] * min(m, math.floor(tt / ps[k2, i, j] + 1e-9))
                 if held >= m:
                     best = tt
                     break
                 q += 1
-    time = _fixed(t, i, j) + best
-    ar = stage_allreduce(t, i, j, g)
     most = NO_CAP
     st = static[j] - static[i]
     sv = saved[j] - saved[i]
@@ -131,28 +147,32 @@ def memory_free(t, i, j, g):
     for k in range(K):
         if not g[k]:
             continue
-        n = min(m, math.floor(best / c[k] + 1e-9))
+        n = min(m, math.floor(best / ps[k, i, j] + 1e-9))
         spare = memory[k] - st - n * pk
         if spare < 0:
-            return time, ar, 0
+            return best, 0
         if sv:
             most = min(most, spare // (n * sv))
-    return time, ar, most
+    return best, most
 
 
 @njit(cache=True)
 def allocate_time(t, i, j, g, in_flight):
     """The stage time of `allocation.allocate` (memory-capped split) for group g, or -1 when it cannot fit."""
-    K, m = t.K, t.m
-    static, saved, peak, memory = t.static, t.saved, t.peak, t.memory
-    fixed = _fixed(t, i, j)
+    return capped_time(t.ps, t.static, t.saved, t.peak, t.memory, t.m, _fixed(t, i, j), i, j, g, in_flight)
+
+
+@njit(cache=True)
+def capped_time(ps, static, saved, peak, memory, m, fixed, i, j, g, in_flight):
+    """`allocate_time` from the tables' arrays (see `ring_s` for why), the stage's fixed seconds given."""
+    K = g.shape[0]
     per = np.empty(K)
     cap = np.zeros(K, np.int64)
     size = 0
     for k in range(K):
         if g[k]:
             size += g[k]
-            per[k] = t.ps[k, i, j]
+            per[k] = ps[k, i, j]
             per_mem = in_flight * (saved[j] - saved[i]) + peak[i, j]
             free = memory[k] - (static[j] - static[i])
             cap[k] = 0 if free < 0 else (free // per_mem if per_mem > 0 else NO_CAP)
@@ -172,7 +192,7 @@ def allocate_time(t, i, j, g, in_flight):
 Tables = namedtuple(
     "Tables",
     "L M m K prefix divisor out rate off gbits bits codec codec_div overhead latency params factor link_mbps "
-    "link_bps static saved peak memory Wp speed a_in a_out per_layer per_boundary total_speed ps",
+    "link_bps static saved peak memory Wp speed total_speed ps",
 )
 
 
@@ -198,7 +218,6 @@ def tables(search) -> Tables:
     for i in range(L):
         peak[i, i + 1 :] = np.maximum.accumulate(peak_bytes[i:])
     mbps = np.array([cluster.link_mbps_of(c[0]) for c in classes], dtype=np.float64)
-    bw = float(mbps.max()) * 1e6 / 8 * OFF / level  # compressed bytes at the fastest link: a bound for every device
     out = w.output_bytes
     t = Tables(
         L=L,
@@ -226,10 +245,6 @@ def tables(search) -> Tables:
         memory=np.array([c[0].memory_bytes for c in classes], dtype=np.int64),
         Wp=np.asarray(w.work_prefix, dtype=np.float64),
         speed=np.asarray(search.speed, dtype=np.float64),
-        a_in=np.array([out[i - 1] / bw if i else 0.0 for i in range(L + 1)]),
-        a_out=np.array([out[j - 1] / bw if j < L else 0.0 for j in range(L + 1)]),
-        per_layer=stage_fixed_s(cluster, 1, 0),
-        per_boundary=stage_fixed_s(cluster, 0, 1),
         total_speed=float(sum(len(c) * s for c, s in zip(classes, search.speed))),
         ps=search.shared.get("per_sample"),
     )
