@@ -19,9 +19,11 @@ its plan when that plan fits the real memory; otherwise it runs the full DP.
 
 Every search is bounded: a plan of iteration time T has every stage below T / M, and the layers
 before and after a stage need at least their work over their devices' speed, so a DP run with
-bound T finds exactly the plans with iteration time <= T, and prunes the rest early. The bound
-steps up from the lower bound (total work over total speed) toward the best data-parallel plan; the
-first round that finds a plan has found the optimum.
+bound T finds exactly the plans with iteration time <= T, and prunes the rest early (a forward pass
+first bounds what the stages before each state take, `kernel._prefix_bounds`). The bound steps up
+from the lower bound (total work over total speed) toward the best data-parallel plan; the first
+round that finds a plan has found the optimum. Each round of the leading micro-batch count first
+searches with fronts cut to BEAM entries, and bounds its exact round by the plan that finds.
 
 That optimum is of the closed form, which charges sends as if they held their device up and every stage's
 whole time to the pipeline's fill and drain, so it over-predicts, most where sends are long or the slowest
@@ -32,10 +34,8 @@ closed form's near-optima (`_rank`).
 
 from __future__ import annotations
 
-import itertools
 import math
 import os
-from bisect import bisect_left
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
@@ -66,8 +66,6 @@ STEP = 0.3  # fraction (in log scale) of the way from the lower to the upper bou
 LEAD_GROWTH = 1.2  # how much the bound loosens per round while only the leading micro-batch count is searched
 NEAR_GROWTH = 1.05  # ... in a re-plan, from the previous plan's time up
 CLOSE = 0.05  # step until the bounds are this close, then search up to the upper bound
-# Deeper models first get an upper bound from a blocked search (see `plan`): cuts between this many blocks.
-DEEP_LAYERS, LAYER_BLOCKS = 100, 24
 # The final choice (`_rank`): the plans whose closed-form time is at most the optimum's simulated time over
 # RANK_RATIO (below the simulated / closed-form ratio of every reproduction plan, 0.79 and up; the random test
 # instances reach 0.67), at most RANK_KEEP per micro-batch count and RANK_PLANS in all (the closed form's
@@ -86,16 +84,18 @@ RIVALS_MAX_LAYERS = 50
 # only up to this search size (every A-D cluster: 21-180) and RIVALS_MAX_LAYERS.
 RANK_SEARCH_LIMIT = 200
 THREADS = min(8, os.cpu_count() or 1)  # micro-batch counts searched at once
+# Each round of the leading count first searches keeping this many entries of each state's front: a plan within about
+# 1 % of the optimum (64 and 128 boards x 200 layers) at a fraction of the exact search's cost, whose time then bounds
+# the exact round. An exact round costs more the further its bound is above the optimum (64 x 200: 0.25 s at the
+# optimum, 0.45 s 2 % above it, 2.2 s 10 % above it).
+BEAM = 16
 
 
 class _Search:
     """One DP for a fixed micro-batch count."""
 
-    def __init__(self, problem: Problem, micro_batches: int, exact: bool, shared: dict | None = None, cuts=None):
+    def __init__(self, problem: Problem, micro_batches: int, exact: bool, shared: dict | None = None):
         self.exact = exact
-        # Where stages may end, besides the last layer: None (anywhere), a sorted list for every stage, or a
-        # dict from the count of stages still to go (this one included) to such a list (or None).
-        self.cuts = cuts
         self.w = problem.workload
         self.cluster = problem.cluster
         self.M = micro_batches
@@ -133,13 +133,16 @@ class _Search:
         _rate, k = min(self.links[k] for k, c in enumerate(g) if c)  # the slowest class's link and index
         return allreduce_s(self.w, self.cluster, i, j, sum(g), self.allreduce, (self.classes[k][0].name,))
 
-    def run(self, cap: float, relaxed: bool = False, stages: int = 0) -> tuple[float, list] | None:
+    def run(self, cap: float, relaxed: bool = False, stages: int = 0, beam: int = -1) -> tuple[float, list] | None:
         """Best plan with iteration time <= M * cap (of exactly `stages` stages if given): (time,
-        [(i, j, g, shares)]) or None."""
-        found = self.several(cap, relaxed, stages, keep=1)
+        [(i, j, g, shares)]) or None. `beam` > 0 keeps only that many entries of each state's front (those of least
+        key): a plan found is then within the bound but not always the best, and None is no proof that none is."""
+        found = self.several(cap, relaxed, stages, keep=1, beam=beam)
         return found[0] if found else None
 
-    def several(self, cap: float, relaxed: bool = False, stages: int = 0, keep: int = 1) -> list[tuple[float, list]]:
+    def several(
+        self, cap: float, relaxed: bool = False, stages: int = 0, keep: int = 1, beam: int = -1
+    ) -> list[tuple[float, list]]:
         """Up to `keep` plans with iteration time <= M * cap, fastest first: the best, then the next entries of
         the fronts at the top (each the fastest way to its own (max, sum, all-reduce) trade-off).
 
@@ -151,16 +154,11 @@ class _Search:
             self.tables = stagecosts.tables(self)
         L, full = self.L, tuple(len(c) for c in self.classes)
         ks = [0] if relaxed else [stages] if stages else list(range(1, min(sum(full), L) + 1))
-        allowed = np.ones((max(ks) + 1, L + 1), dtype=np.bool_)
-        for k in range(max(ks) + 1):
-            cuts = self.cuts.get(k) if isinstance(self.cuts, dict) else self.cuts
-            if cuts is not None:
-                allowed[k] = False
-                allowed[k, cuts] = True
+        allowed = np.ones((max(ks) + 1, L + 1), dtype=np.bool_)  # stages may end after any layer
         states, strides = self.states()
         times, tops, entries, ends, groups, links = kernel.front_search(
             self.tables, self.M * cap * SLACK, cap * SLACK, np.array(ks, dtype=np.int64), max(ks), allowed,
-            states, strides, not self.exact, keep,
+            states, strides, not self.exact, keep, beam,
         )  # fmt: skip
         found = []
         for t, k, e in zip(times.tolist(), tops.tolist(), entries.tolist()):
@@ -216,27 +214,15 @@ def _to_stages(search: _Search, layout: list) -> list[Stage]:
 
 
 def plan(problem: Problem, progress: bool = False) -> Plan:
-    """The fastest plan under the cost model that fits every device's memory (`progress`: a bar per round).
-
-    A model deeper than DEEP_LAYERS is first planned with cuts only between LAYER_BLOCKS blocks of layers: a
-    plan of the full space, found in a fraction of the time, whose time caps the full search's rounds. (Moving
-    its cuts afterwards, as an earlier version did, cost more than it saved: 266 of 270 s at 64 x 200.)
-    """
+    """The fastest plan under the cost model that fits every device's memory (`progress`: a bar per round)."""
     exact = search_size(problem.cluster, problem.workload) <= EXACT_LIMIT
     # Most micro-batches first: they usually win, and a plan found early tightens the bound for the rest.
     options = list(reversed(problem.micro_batch_options))
     if problem.previous is not None and problem.previous.micro_batches in options:  # a re-plan: its count first
         options.insert(0, options.pop(options.index(problem.previous.micro_batches)))
     shared: dict = {}
-    upper = None
-    if problem.workload.num_layers > DEEP_LAYERS:
-        cuts = _block_cuts(problem)
-        try:
-            upper = _optimise(problem, [_Search(problem, M, exact, shared, cuts) for M in options], progress)
-        except NoFeasiblePlan:
-            pass  # no blocked plan fits; a plan with other cuts may: the full search says
     searches = [_Search(problem, M, exact, shared) for M in options]
-    found = _optimise(problem, searches, progress, upper)
+    found = _optimise(problem, searches, progress)
     best = finish(problem, "asteroid", found[1].M, _to_stages(found[1], found[2]))
     if not problem.rank:
         return best if problem.schedule in ("auto", "1f1b") else scheduled(best, problem.workload, problem.schedules)
@@ -291,13 +277,14 @@ def _rank(problem: Problem, searches: list[_Search], best: Plan, exact: bool, pr
     return scheduled(refine(chosen, w, seen=seen), w, problem.schedules)
 
 
-def _optimise(problem: Problem, searches: list[_Search], progress: bool, upper: tuple | None = None) -> tuple:
-    """The best (time, search, layout) over every micro-batch count, in rounds of loosening bounds; `upper`, a
-    (time, ...) of a plan in the searches' space, caps the rounds. A re-plan (`problem.previous`) first bounds the
-    leading count by about the previous plan's time (`_first_guess`), where the new optimum usually is within a few
-    per cent, and then loosens by NEAR_GROWTH up to LEAD_GROWTH above it: a round or two close to the optimum
-    instead of rounds from far below it and a last one up to LEAD_GROWTH above it (64 boards x 50 layers: 2.0 s, of
-    which the last round took 0.86 s). Past that it steps on as any search does."""
+def _optimise(problem: Problem, searches: list[_Search], progress: bool) -> tuple:
+    """The best (time, search, layout) over every micro-batch count, in rounds of loosening bounds.
+
+    A round of the leading count first runs a search that keeps BEAM entries per state: when that finds a plan, the
+    exact round is bounded by its time, about 1 % above the optimum, instead of by the round's bound. A re-plan
+    (`problem.previous`) first bounds the leading count by about the previous plan's time (`_first_guess`), where the
+    new optimum usually is within a few per cent, and then loosens by NEAR_GROWTH up to LEAD_GROWTH above it. Past
+    that it steps on as any search does."""
     # A round searches for plans with T <= bound; the best plan of the first round that finds any is optimal, as
     # every better plan was inside the bound too. Total work over total speed bounds T from below; data
     # parallelism, when it fits, from above. Step between them geometrically, close to the lower bound: a round
@@ -306,8 +293,6 @@ def _optimise(problem: Problem, searches: list[_Search], progress: bool, upper: 
     # plan's time finds the optimum. Ruling a count out costs a search each, so it is done once, at a tight bound.
     floor = lo = min(s.lower_bound() * s.M for s in searches)
     hi = _data_parallel_time(problem)
-    if upper is not None and upper[0] < hi:
-        hi = upper[0]  # the rounds go no further than that plan's time
     pool = searches[:1]
     rounds = 0
     previous = problem.previous.predicted.iteration_s if problem.previous and problem.previous.predicted else None
@@ -326,6 +311,16 @@ def _optimise(problem: Problem, searches: list[_Search], progress: bool, upper: 
         else:
             bound = lo * (hi / lo) ** STEP
         label = f"planning, round {rounds}: iterations <= {bound:.3g} s"
+        if pool is not searches:  # the leading count: a cheap search that keeps BEAM entries a state first
+            sketch = pool[0].run(bound / pool[0].M, relaxed=True, beam=BEAM)
+            # the exact search with that plan's time as its bound finds the optimum (unless the plan does not fit the
+            # real memory: a round up to lo found none that does, so a sketch within lo is of no use)
+            if sketch is not None and sketch[0] > lo:
+                bound = sketch[0]
+                label = f"planning, round {rounds}: iterations <= {bound:.3g} s"
+            elif bound < hi:  # no proof that no plan is within the bound, but the next round's is looser
+                lo = bound
+                continue
         found = _feasible_round(problem, pool, bound, label, progress)
         if found and pool is not searches:
             return _the_other_counts(problem, searches[1:], found, progress)
@@ -391,15 +386,6 @@ def _feasible_round(problem: Problem, searches: list[_Search], bound: float, lab
             return found
         found = _round(searches, bound, relaxed=False, label=label + " (full memory)", progress=progress)
     return found
-
-
-def _block_cuts(problem: Problem) -> list[int]:
-    """LAYER_BLOCKS blocks of about equal work, each cut after its layer of smallest output (least to send)."""
-    w, L = problem.workload, problem.workload.num_layers
-    Wp = w.work_prefix
-    edges = [0, *(bisect_left(Wp, Wp[L] * b / LAYER_BLOCKS) for b in range(1, LAYER_BLOCKS)), L]
-    blocks = [range(max(a, 1), min(b, L - 1) + 1) for a, b in itertools.pairwise(edges)]
-    return sorted({min(js, key=lambda j: w.output_bytes[j - 1]) for js in blocks if js})
 
 
 def _round(searches: list[_Search], bound: float, relaxed: bool, label: str, progress: bool):

@@ -113,7 +113,7 @@ def _extend(pU, pS, pA, cs, ce, f_c, lim, u, ar, floor, f, M, j, gcode, eU, eS, 
 
 
 @njit(cache=True)
-def _keep_front(eU, eS, eA, ej, eg, en, n_e, f, M, pU, pS, pA, pj, pg, pn, used):
+def _keep_front(eU, eS, eA, ej, eg, en, n_e, f, M, pU, pS, pA, pj, pg, pn, used, beam):
     """Append the state's front to the fronts at `used` (room is there for all n_e candidates): the candidates no
     other beats for every way of finishing the plan; return how many.
 
@@ -128,6 +128,8 @@ def _keep_front(eU, eS, eA, ej, eg, en, n_e, f, M, pU, pS, pA, pj, pg, pn, used)
     kept = 0
     last = -1  # the entry that beat the candidate before: it often beats the next one too
     for o in range(n_e):
+        if kept == beam:
+            break
         e = order[o]
         U, S, A = eU[e], eS[e], eA[e]
         beaten = False
@@ -254,7 +256,7 @@ def _prefix_bounds(t, cap_bound, limit, cuts, states, codes, ordered):  # noqa: 
 
 
 @njit(cache=True, nogil=True)
-def front_search(t, cap_bound, limit, ks, k_top, cuts, states, codes, ordered, keep):  # noqa: C901
+def front_search(t, cap_bound, limit, ks, k_top, cuts, states, codes, ordered, keep, beam):  # noqa: C901
     """Fill the fronts of every state, bottom-up, and return the `keep` best plans at the top.
 
     `states[r]`: the device counts of state r; `codes`: mixed-radix strides turning counts into a state index
@@ -410,7 +412,7 @@ def front_search(t, cap_bound, limit, ks, k_top, cuts, states, codes, ordered, k
                 start[kk, i, r] = used
                 if n_e:
                     pU, pS, pA, pj, pg, pn = _grow_entries(pU, pS, pA, pj, pg, pn, used + n_e)
-                    kept = _keep_front(eU, eS, eA, ej, eg, en, n_e, f, M, pU, pS, pA, pj, pg, pn, used)
+                    kept = _keep_front(eU, eS, eA, ej, eg, en, n_e, f, M, pU, pS, pA, pj, pg, pn, used, beam)
                     length[kk, i, r] = kept
                     used += kept
     # the top: every wanted stage count's front at (layer 0, every device), fastest first

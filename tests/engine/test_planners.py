@@ -213,11 +213,10 @@ def test_restricted_search_is_never_better_and_exact_on_one_device_class(monkeyp
     assert math.isclose(restricted.predicted.iteration_s, optimum.predicted.iteration_s, rel_tol=1e-9)
 
 
-def test_the_blocked_upper_bound_of_deep_models_keeps_the_optimum(monkeypatch):
-    # Deep models are first planned on blocks of layers; that plan only caps the full search,
-    # so with every model treated as deep (blocks of one or two layers here) the answers stay the oracle's.
-    monkeypatch.setattr(asteroid, "DEEP_LAYERS", 2)
-    monkeypatch.setattr(asteroid, "LAYER_BLOCKS", 2)
+def test_the_beam_search_only_bounds_the_exact_round(monkeypatch):
+    # Each round of the leading count first searches fronts cut to BEAM entries; that plan only bounds the exact
+    # round, so with the narrowest beam the answers stay the oracle's.
+    monkeypatch.setattr(asteroid, "BEAM", 1)
     bounded = 0
     for seed in range(30):
         problem, plans = solved_instance(seed)
@@ -230,6 +229,18 @@ def test_the_blocked_upper_bound_of_deep_models_keeps_the_optimum(monkeypatch):
         assert math.isclose(best.predicted.iteration_s, oracle.predicted.iteration_s, rel_tol=1e-6), seed
         bounded += 1
     assert bounded >= 20
+
+
+def test_a_beam_search_finds_a_plan_within_its_bound_never_better_than_the_exact_one():
+    from engine.bench.planner import synthetic_cluster, synthetic_workload
+
+    problem = Problem(synthetic_workload(40), synthetic_cluster(16), 64, rank=False)
+    search = asteroid._Search(problem, 16, exact=False)
+    exact = search.run(math.inf, relaxed=True)
+    narrowed = [search.run(math.inf, relaxed=True, beam=b) for b in (1, 4, 16)]
+    assert all(n is not None and n[0] >= exact[0] * (1 - 1e-12) for n in narrowed)
+    assert search.run(narrowed[0][0] / 16, relaxed=True)[0] == exact[0]  # bounded by a beam's plan: the optimum
+    assert search.run(exact[0] * 0.999 / 16, relaxed=True, beam=16) is None  # nothing within a bound below it
 
 
 def test_a_replan_told_the_plan_before_the_change_keeps_the_optimum():
@@ -274,19 +285,6 @@ def test_a_replan_after_a_loss_keeps_the_optimum():
         assert math.isclose(best.predicted.iteration_s, oracle.predicted.iteration_s, rel_tol=1e-6), seed
         checked += 1
     assert checked >= 10, checked
-
-
-def test_a_blocked_plan_cuts_only_between_blocks_and_bounds_the_optimum():
-    from engine.bench.planner import synthetic_cluster, synthetic_workload
-
-    problem = Problem(synthetic_workload(40), synthetic_cluster(4), 64, rank=False)
-    cuts = asteroid._block_cuts(problem)
-    assert 0 < len(cuts) <= asteroid.LAYER_BLOCKS - 1 and all(0 < c < 40 for c in cuts)
-    searches = [asteroid._Search(problem, M, True, None, cuts) for M in reversed(problem.micro_batch_options)]
-    blocked = asteroid._optimise(problem, searches, False)
-    assert {j for _i, j, *_ in blocked[2][:-1]} <= set(cuts)
-    optimum = asteroid.plan(problem).predicted.iteration_s
-    assert optimum <= blocked[0] * (1 + 1e-9)
 
 
 def test_device_classes_are_ordered_by_memory_then_speed():
