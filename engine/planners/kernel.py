@@ -167,35 +167,66 @@ def _split_floor(ps, m, i, j, g, fixed):
 
 
 @njit(cache=True)
-def _prefix_bounds(t, cap_bound, limit, cuts, states, codes, ordered):  # noqa: C901
-    """Lower bounds, over the plans with iteration time <= cap_bound, on what the stages before each state take: the
-    least sum and the least slowest of their stage times (inf: no such plan reaches it), and the least slowest stage
-    of a whole plan (inf: no plan).
+def _launch_window(Wp, Wi, m, sg, overhead, M, pm, room, i, lo, hi, params, link_mbps, link_bps, factor, latency, g):
+    """The last end layer j in [lo, hi] (lo - 1: none) for which a stage from layer i on group g (of speed sg) can
+    still fit `room` as u + all-reduce + (M - 1) max(pm, u): u counted from below by its work over sg and its layers'
+    launches; all three grow with j, so it is found by bisection. The work window alone leaves launches and all-reduce
+    out: with few micro-batches most of the ends it keeps (94 % at 128 boards x 200 layers, 4 micro-batches) fail."""
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        u = ((Wp[mid] - Wi) * m / sg + 2 * (mid - i) * overhead) * (1 - 1e-9)  # a hair lower: float rounding
+        ar = ring_s(params, link_mbps, link_bps, factor, latency, i, mid, g)
+        if u + ar + (M - 1) * (u if u > pm else pm) <= room:
+            lo = mid + 1
+        else:
+            hi = mid - 1
+    return hi
 
-    A forward pass over the same moves as `front_search`, without fronts, and each stage timed from below: its
-    samples split fractionally by the per-sample times (no memory cap; `split_fit`'s exact split costs about 30
-    times as much and bounds barely better). The search then starts every state from these bounds instead of from
-    its work over its devices' speed, and skips the states no plan within the bound reaches: at 64 boards x 200
-    layers the round that finds the optimum took 0.4 s instead of 6-8 s, and micro-batch counts without a plan
-    within the bound are mostly ruled out here, in milliseconds.
+
+@njit(cache=True)
+def _bounds(t, cap_bound, limit, cuts, states, codes, ordered):
+    """Lower bounds, over the plans with iteration time <= cap_bound, on what the stages before and after each state
+    take (inf: no such plan passes through it): Sp and Pm, the least sum and least slowest of the stage times before
+    it; Ss and Us, those of the stages from it on.
+
+    Two passes over the same moves as `front_search`, without fronts, each stage timed from below: its samples split
+    fractionally by the per-sample times (no memory cap; `split_fit`'s exact split costs about 30 times as much and
+    bounds barely better). The forward pass reaches the states some plan's first stages can; the backward pass, over
+    those, keeps the ones the rest of some plan can then finish. The search skips every other state and starts each
+    from these bounds instead of from its work over its devices' speed: at 64 boards x 200 layers the round that finds
+    the optimum took 0.4 s instead of 6-8 s, and a micro-batch count without a plan within the bound is ruled out
+    here, in milliseconds (Ss[0, 0] = inf).
     """
-    L, M, m, K = t.L, t.M, t.m, t.K
-    Wp, speed, ps, overhead, latency = t.Wp, t.speed, t.ps, t.overhead, t.latency
-    params, link_mbps, link_bps, factor = t.params, t.link_mbps, t.link_bps, t.factor
-    R = states.shape[0]
+    L, R = t.L, states.shape[0]
     Sp = np.full((L + 1, R), np.inf)
     Pm = np.full((L + 1, R), np.inf)
+    Ss = np.full((L + 1, R), np.inf)
+    Us = np.full((L + 1, R), np.inf)
     Sp[0, 0] = 0.0
     Pm[0, 0] = 0.0
-    whole = np.inf
     any_cut = np.zeros(L + 1, np.bool_)
     for j in range(L + 1):
         for k in range(cuts.shape[0]):
             any_cut[j] = any_cut[j] or cuts[k, j]
+    _bound_pass(t, cap_bound, limit, any_cut, states, codes, ordered, Sp, Pm, Ss, Us, False)
+    _bound_pass(t, cap_bound, limit, any_cut, states, codes, ordered, Sp, Pm, Ss, Us, True)
+    return Sp, Pm, Ss, Us
+
+
+@njit(cache=True)
+def _bound_pass(t, cap_bound, limit, any_cut, states, codes, ordered, Sp, Pm, Ss, Us, backward):  # noqa: C901
+    """One pass of `_bounds`: forward, Sp and Pm of every state a move leads to; backward, Ss and Us of every state
+    with Sp, from those of the states its moves lead to (the layers after a state are bounded by their work over the
+    speed of the devices left forward, by Ss and Us backward)."""
+    L, M, m, K = t.L, t.M, t.m, t.K
+    Wp, speed, ps, overhead, latency = t.Wp, t.speed, t.ps, t.overhead, t.latency
+    params, link_mbps, link_bps, factor = t.params, t.link_mbps, t.link_bps, t.factor
+    R = states.shape[0]
     g = np.zeros(K, np.int64)
     Wl = Wp[L]
     top = cap_bound * (1 + 1e-9)
-    for i in range(L):
+    for step_i in range(L):
+        i = L - 1 - step_i if backward else step_i
         Wi = Wp[i]
         for r in range(R):
             sp, pm = Sp[i, r], Pm[i, r]
@@ -231,28 +262,45 @@ def _prefix_bounds(t, cap_bound, limit, cuts, states, codes, ordered):  # noqa: 
                     else:
                         hi = min(hi, np.searchsorted(Wp, Wi + x_hi, side="right") - 1)
                         lo = max(lo, np.searchsorted(Wp, Wi + x_lo, side="left"))
+                        hi = _launch_window(
+                            Wp, Wi, m, sg, overhead, M, pm, top - sp, i, lo, hi,
+                            params, link_mbps, link_bps, factor, latency, g,
+                        )  # fmt: skip
                 last = (Wl - Wi) * m <= limit * sg
                 middle = hi - lo + 1 if hi >= lo else 0
                 for step in range(middle + (1 if last else 0)):
                     j = L if step == middle else lo + step
                     if j < L and not any_cut[j]:
                         continue
-                    rest_s = (Wl - Wp[j]) * m / sr if j < L else 0.0
+                    if j == L:
+                        rest_s, rest_u = 0.0, 0.0
+                    elif backward:
+                        rest_s, rest_u = Ss[j, child], Us[j, child]
+                        if rest_s == np.inf:
+                            continue
+                    else:
+                        rest_s = (Wl - Wp[j]) * m / sr
+                        rest_u = rest_s
                     u = _split_floor(ps, m, i, j, g, fixed_s(overhead, latency, L, i, j))
                     most = u if u > pm else pm
-                    if sp + u + rest_s + (M - 1) * (most if most > rest_s else rest_s) > top:
+                    most = most if most > rest_u else rest_u
+                    if sp + u + rest_s + (M - 1) * most > top:
                         continue
                     ar = ring_s(params, link_mbps, link_bps, factor, latency, i, j, g)
-                    if sp + u + rest_s + ar + (M - 1) * (most if most > rest_s else rest_s) > top:
+                    if sp + u + rest_s + ar + (M - 1) * most > top:
                         continue
-                    if j == L:
-                        whole = most if most < whole else whole
-                        continue
-                    if sp + u < Sp[j, child]:
-                        Sp[j, child] = sp + u
-                    if most < Pm[j, child]:
-                        Pm[j, child] = most
-    return Sp, Pm, whole
+                    if backward:
+                        after = u if u > rest_u else rest_u
+                        if u + rest_s < Ss[i, r]:
+                            Ss[i, r] = u + rest_s
+                        if after < Us[i, r]:
+                            Us[i, r] = after
+                    elif j < L:
+                        if sp + u < Sp[j, child]:
+                            Sp[j, child] = sp + u
+                        u_max = u if u > pm else pm
+                        if u_max < Pm[j, child]:
+                            Pm[j, child] = u_max
 
 
 @njit(cache=True, nogil=True)
@@ -285,12 +333,12 @@ def front_search(t, cap_bound, limit, ks, k_top, cuts, states, codes, ordered, k
     # slowest stage cannot decide the plan's, so the fronts compare entries' slowest stages from the floor up.
     # Only when one plan is wanted: the ranking asks the fronts for more of the trade-offs (`keep`).
     lb_all = Wl * m / total_speed if keep == 1 else 0.0
-    Sp, Pm, whole = _prefix_bounds(t, cap_bound, limit, cuts, states, codes, ordered)
-    if whole == np.inf:  # no plan within the bound
+    Sp, Pm, Ss, Us = _bounds(t, cap_bound, limit, cuts, states, codes, ordered)
+    if Ss[0, 0] == np.inf:  # no plan within the bound
         empty = np.empty(0, np.int64)
         return np.empty(0), empty, empty, empty, empty, empty
-    if keep == 1 and whole > lb_all:
-        lb_all = whole
+    if keep == 1 and Us[0, 0] > lb_all:  # every plan's slowest stage
+        lb_all = Us[0, 0]
     for i in range(L - 1, -1, -1):
         Wi = Wp[i]
         for r in range(R):
@@ -308,8 +356,11 @@ def front_search(t, cap_bound, limit, ks, k_top, cuts, states, codes, ordered, k
             sp = Sp[i, r] * (1 - 1e-12)
             sp = sp if sp > up else up
             pm = Pm[i, r] if Pm[i, r] > up else up
-            us = (Wl - Wi) * m / s_r
-            if (M - 1) * (pm if pm > us else us) + sp + us > cap_bound:
+            us = (Wl - Wi) * m / s_r  # and the stages from here on (inf: no plan within the bound gets through)
+            ss = Ss[i, r] * (1 - 1e-12)
+            ss = ss if ss > us else us
+            us = Us[i, r] if Us[i, r] > us else us
+            if (M - 1) * (pm if pm > us else us) + sp + ss > cap_bound:
                 for kk in range(nk):
                     start[kk, i, r] = used
                 continue
@@ -361,6 +412,10 @@ def front_search(t, cap_bound, limit, ks, k_top, cuts, states, codes, ordered, k
                         else:
                             hi = min(hi, np.searchsorted(Wp, Wi + x_hi, side="right") - 1)
                             lo = max(lo, np.searchsorted(Wp, Wi + x_lo, side="left"))
+                            hi = _launch_window(
+                                Wp, Wi, m, sg, overhead, M, pm, room * (1 + 1e-9), i, lo, hi,
+                                params, link_mbps, link_bps, factor, latency, g,
+                            )  # fmt: skip
                     last = k <= 1 and (Wl - Wi) * m <= limit * sg
                     middle = hi - lo + 1 if hi >= lo else 0
                     for step in range(middle + (1 if last else 0)):
