@@ -20,7 +20,7 @@ its plan when that plan fits the real memory; otherwise it runs the full DP.
 Every search is bounded: a plan of iteration time T has every stage below T / M, and the layers
 before and after a stage need at least their work over their devices' speed, so a DP run with
 bound T finds exactly the plans with iteration time <= T, and prunes the rest early (a forward and a
-backward pass first bound what the stages before and after each state take, `kernel._bounds`). The bound steps up
+backward pass first bound what the stages before and after each state take, `bounds.bounds`). The bound steps up
 from the lower bound (total work over total speed) toward the best data-parallel plan; the first
 round that finds a plan has found the optimum. Each round of the leading micro-batch count first
 searches with fronts cut to BEAM entries, and bounds its exact round by the plan that finds.

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from engine.planners.bounds import bounds, launch_window, next_move, split_floor, work_window
 from engine.planners.stagecosts import capped_time, fixed_s, ring_s, split_fit
 
 
@@ -35,51 +36,6 @@ def _entries(n):
 def _grow_entries(U, S, A, j, g, n, need):
     """The six arrays of `_entries`, each with room for `need`."""
     return _grow(U, need), _grow(S, need), _grow(A, need), _grow(j, need), _grow(g, need), _grow(n, need)
-
-
-@njit(cache=True)
-def _next_move(g, rv, ordered):
-    """Advance g (all zeros before the first move) to the next group a state of devices left rv may give its stage:
-    every g <= rv (exact) or the next devices in memory order (ordered); False when there is none."""
-    K = g.shape[0]
-    if ordered:
-        for x in range(K):
-            if g[x] < rv[x]:
-                g[x] += 1
-                return True
-        return False
-    x = K - 1
-    while x >= 0 and g[x] == rv[x]:
-        g[x] = 0
-        x -= 1
-    if x < 0:
-        return False
-    g[x] += 1
-    return True
-
-
-@njit(cache=True)
-def _work_window(M, m, sg, sr, R, room, tail):
-    """The work x of the stage's layers, out of the R left, for which the stage (at least m x / sg seconds) and the
-    layers after it (at least (R - x) m / sr) can fit `room` as the search requires of every entry: M u + rest <=
-    room, u + M rest <= room and u + rest + tail <= room. Each is linear in x; the window is their intersection
-    (lo > hi: none), widened by a relative 1e-9 so that float rounding never rules out what the exact test keeps."""
-    lo, hi = 0.0, R
-    for case in range(3):
-        if case == 0:
-            a, c = M * m / sg - m / sr, room - R * m / sr
-        elif case == 1:
-            a, c = m / sg - M * m / sr, room - M * R * m / sr
-        else:
-            a, c = m / sg - m / sr, room - tail - R * m / sr
-        if a > 0:
-            hi = min(hi, c / a)
-        elif a < 0:
-            lo = max(lo, c / a)
-        elif c < 0:
-            return 1.0, 0.0
-    slack = 1e-9 * R
-    return lo - slack, hi + slack
 
 
 @njit(cache=True)
@@ -154,155 +110,6 @@ def _keep_front(eU, eS, eA, ej, eg, en, n_e, f, M, pU, pS, pA, pj, pg, pn, used,
     return kept
 
 
-@njit(cache=True)
-def _split_floor(ps, m, i, j, g, fixed):
-    """A stage time no split of group g's m samples over layers [i, j) beats: the samples split fractionally by the
-    per-sample times ps, no memory cap, plus the stage's fixed seconds (a hair lower, so that float rounding never puts
-    it above `split_fit`'s). Takes arrays, not the tables: see `stagecosts.ring_s`."""
-    inv = 0.0
-    for x in range(g.shape[0]):
-        if g[x]:
-            inv += g[x] / ps[x, i, j]
-    return (m / inv) * (1 - 1e-9) + fixed
-
-
-@njit(cache=True)
-def _launch_window(Wp, Wi, m, sg, overhead, M, pm, room, i, lo, hi, params, link_mbps, link_bps, factor, latency, g):
-    """The last end layer j in [lo, hi] (lo - 1: none) for which a stage from layer i on group g (of speed sg) can
-    still fit `room` as u + all-reduce + (M - 1) max(pm, u): u counted from below by its work over sg and its layers'
-    launches; all three grow with j, so it is found by bisection. The work window alone leaves launches and all-reduce
-    out: with few micro-batches most of the ends it keeps (94 % at 128 boards x 200 layers, 4 micro-batches) fail."""
-    while lo <= hi:
-        mid = (lo + hi) // 2
-        u = ((Wp[mid] - Wi) * m / sg + 2 * (mid - i) * overhead) * (1 - 1e-9)  # a hair lower: float rounding
-        ar = ring_s(params, link_mbps, link_bps, factor, latency, i, mid, g)
-        if u + ar + (M - 1) * (u if u > pm else pm) <= room:
-            lo = mid + 1
-        else:
-            hi = mid - 1
-    return hi
-
-
-@njit(cache=True)
-def _bounds(t, cap_bound, limit, cuts, states, codes, ordered):
-    """Lower bounds, over the plans with iteration time <= cap_bound, on what the stages before and after each state
-    take (inf: no such plan passes through it): Sp and Pm, the least sum and least slowest of the stage times before
-    it; Ss and Us, those of the stages from it on.
-
-    Two passes over the same moves as `front_search`, without fronts, each stage timed from below: its samples split
-    fractionally by the per-sample times (no memory cap; `split_fit`'s exact split costs about 30 times as much and
-    bounds barely better). The forward pass reaches the states some plan's first stages can; the backward pass, over
-    those, keeps the ones the rest of some plan can then finish. The search skips every other state and starts each
-    from these bounds instead of from its work over its devices' speed: at 64 boards x 200 layers the round that finds
-    the optimum took 0.4 s instead of 6-8 s, and a micro-batch count without a plan within the bound is ruled out
-    here, in milliseconds (Ss[0, 0] = inf).
-    """
-    L, R = t.L, states.shape[0]
-    Sp = np.full((L + 1, R), np.inf)
-    Pm = np.full((L + 1, R), np.inf)
-    Ss = np.full((L + 1, R), np.inf)
-    Us = np.full((L + 1, R), np.inf)
-    Sp[0, 0] = 0.0
-    Pm[0, 0] = 0.0
-    any_cut = np.zeros(L + 1, np.bool_)
-    for j in range(L + 1):
-        for k in range(cuts.shape[0]):
-            any_cut[j] = any_cut[j] or cuts[k, j]
-    _bound_pass(t, cap_bound, limit, any_cut, states, codes, ordered, Sp, Pm, Ss, Us, False)
-    _bound_pass(t, cap_bound, limit, any_cut, states, codes, ordered, Sp, Pm, Ss, Us, True)
-    return Sp, Pm, Ss, Us
-
-
-@njit(cache=True)
-def _bound_pass(t, cap_bound, limit, any_cut, states, codes, ordered, Sp, Pm, Ss, Us, backward):  # noqa: C901
-    """One pass of `_bounds`: forward, Sp and Pm of every state a move leads to; backward, Ss and Us of every state
-    with Sp, from those of the states its moves lead to (the layers after a state are bounded by their work over the
-    speed of the devices left forward, by Ss and Us backward)."""
-    L, M, m, K = t.L, t.M, t.m, t.K
-    Wp, speed, ps, overhead, latency = t.Wp, t.speed, t.ps, t.overhead, t.latency
-    params, link_mbps, link_bps, factor = t.params, t.link_mbps, t.link_bps, t.factor
-    R = states.shape[0]
-    g = np.zeros(K, np.int64)
-    Wl = Wp[L]
-    top = cap_bound * (1 + 1e-9)
-    for step_i in range(L):
-        i = L - 1 - step_i if backward else step_i
-        Wi = Wp[i]
-        for r in range(R):
-            sp, pm = Sp[i, r], Pm[i, r]
-            if sp == np.inf:
-                continue
-            rv = states[r]
-            for x in range(K):
-                g[x] = 0
-            while _next_move(g, rv, ordered):
-                size = 0
-                sg = 0.0
-                sr = 0.0
-                n_rest = 0
-                gcode = 0
-                for x in range(K):
-                    size += g[x]
-                    sg += g[x] * speed[x]
-                    sr += (rv[x] - g[x]) * speed[x]
-                    n_rest += rv[x] - g[x]
-                    gcode += g[x] * codes[x]
-                if size > m:
-                    if ordered:
-                        break
-                    continue
-                child = r + size if ordered else r + gcode
-                lo, hi = L + 1, L - 1
-                if n_rest >= 1:
-                    hi = min(np.searchsorted(Wp, Wi + limit * sg / m, side="right") - 1, L - 1)
-                    lo = max(np.searchsorted(Wp, Wl - limit * sr / m, side="left"), i + 1)
-                    x_lo, x_hi = _work_window(M, m, sg, sr, Wl - Wi, cap_bound - sp, (M - 1) * pm)
-                    if x_lo > x_hi:
-                        lo, hi = L + 1, L - 1
-                    else:
-                        hi = min(hi, np.searchsorted(Wp, Wi + x_hi, side="right") - 1)
-                        lo = max(lo, np.searchsorted(Wp, Wi + x_lo, side="left"))
-                        hi = _launch_window(
-                            Wp, Wi, m, sg, overhead, M, pm, top - sp, i, lo, hi,
-                            params, link_mbps, link_bps, factor, latency, g,
-                        )  # fmt: skip
-                last = (Wl - Wi) * m <= limit * sg
-                middle = hi - lo + 1 if hi >= lo else 0
-                for step in range(middle + (1 if last else 0)):
-                    j = L if step == middle else lo + step
-                    if j < L and not any_cut[j]:
-                        continue
-                    if j == L:
-                        rest_s, rest_u = 0.0, 0.0
-                    elif backward:
-                        rest_s, rest_u = Ss[j, child], Us[j, child]
-                        if rest_s == np.inf:
-                            continue
-                    else:
-                        rest_s = (Wl - Wp[j]) * m / sr
-                        rest_u = rest_s
-                    u = _split_floor(ps, m, i, j, g, fixed_s(overhead, latency, L, i, j))
-                    most = u if u > pm else pm
-                    most = most if most > rest_u else rest_u
-                    if sp + u + rest_s + (M - 1) * most > top:
-                        continue
-                    ar = ring_s(params, link_mbps, link_bps, factor, latency, i, j, g)
-                    if sp + u + rest_s + ar + (M - 1) * most > top:
-                        continue
-                    if backward:
-                        after = u if u > rest_u else rest_u
-                        if u + rest_s < Ss[i, r]:
-                            Ss[i, r] = u + rest_s
-                        if after < Us[i, r]:
-                            Us[i, r] = after
-                    elif j < L:
-                        if sp + u < Sp[j, child]:
-                            Sp[j, child] = sp + u
-                        u_max = u if u > pm else pm
-                        if u_max < Pm[j, child]:
-                            Pm[j, child] = u_max
-
-
 @njit(cache=True, nogil=True)
 def front_search(t, cap_bound, limit, ks, k_top, cuts, states, codes, ordered, keep, beam):  # noqa: C901
     """Fill the fronts of every state, bottom-up, and return the `keep` best plans at the top.
@@ -333,7 +140,7 @@ def front_search(t, cap_bound, limit, ks, k_top, cuts, states, codes, ordered, k
     # slowest stage cannot decide the plan's, so the fronts compare entries' slowest stages from the floor up.
     # Only when one plan is wanted: the ranking asks the fronts for more of the trade-offs (`keep`).
     lb_all = Wl * m / total_speed if keep == 1 else 0.0
-    Sp, Pm, Ss, Us = _bounds(t, cap_bound, limit, cuts, states, codes, ordered)
+    Sp, Pm, Ss, Us = bounds(t, cap_bound, limit, cuts, states, codes, ordered)
     if Ss[0, 0] == np.inf:  # no plan within the bound
         empty = np.empty(0, np.int64)
         return np.empty(0), empty, empty, empty, empty, empty
@@ -382,7 +189,7 @@ def front_search(t, cap_bound, limit, ks, k_top, cuts, states, codes, ordered, k
                 # moves: every group g <= r (exact) or the next devices in memory order (ordered)
                 for x in range(K):
                     g[x] = 0
-                while _next_move(g, rv, ordered):
+                while next_move(g, rv, ordered):
                     size = 0
                     for x in range(K):
                         size += g[x]
@@ -406,13 +213,13 @@ def front_search(t, cap_bound, limit, ks, k_top, cuts, states, codes, ordered, k
                     if k != 1 and n_rest >= after:
                         hi = min(np.searchsorted(Wp, Wi + limit * sg / m, side="right") - 1, L - after)
                         lo = max(np.searchsorted(Wp, Wl - limit * sr / m, side="left"), i + 1)
-                        x_lo, x_hi = _work_window(M, m, sg, sr, Wl - Wi, room, tail)
+                        x_lo, x_hi = work_window(M, m, sg, sr, Wl - Wi, room, tail)
                         if x_lo > x_hi:
                             lo, hi = L + 1, L - 1
                         else:
                             hi = min(hi, np.searchsorted(Wp, Wi + x_hi, side="right") - 1)
                             lo = max(lo, np.searchsorted(Wp, Wi + x_lo, side="left"))
-                            hi = _launch_window(
+                            hi = launch_window(
                                 Wp, Wi, m, sg, overhead, M, pm, room * (1 + 1e-9), i, lo, hi,
                                 params, link_mbps, link_bps, factor, latency, g,
                             )  # fmt: skip
@@ -429,7 +236,7 @@ def front_search(t, cap_bound, limit, ks, k_top, cuts, states, codes, ordered, k
                         most = tail if tail > (M - 1) * rest_s else (M - 1) * rest_s
                         u_max = min((room - rest_s) / M, room - rest_s - most)
                         fixed = fixed_s(overhead, latency, L, i, j)
-                        u_lb = _split_floor(ps, m, i, j, g, fixed)
+                        u_lb = split_floor(ps, m, i, j, g, fixed)
                         if u_lb > u_max:
                             continue
                         # the all-reduce is the stage's alone: with it, the bound above may already be passed
