@@ -73,7 +73,7 @@ def test_a_job_across_boards_with_clocks_days_apart_completes_with_a_whole_timel
         assert r["end"] >= min(arrivals) - 0.01, (r, arrivals)
     # the Nano's agent measured its 20 Mbit link, and the plan kept the Nano off the pipeline's links
     links = {d["name"]: d["measured"].get("link_mbps") for d in lab.api("/api/devices/")["devices"]}
-    assert 10 < links["nano-0"] < 25 and links["nx-0"] > 250 and links["tx2-0"] > 250, links
+    assert 10 < links["nano-0"] < 25 and links["nx-0"] > 125 and links["tx2-0"] > 125, links
     own = {d["name"]: d.get("bandwidth_mbps") for d in final["plan"]["cluster"]["devices"]}
     assert own == {"nx-0": None, "tx2-0": None, "nano-0": links["nano-0"]}, own
     assert "nano-0" not in devices, final["plan"]["stages"]

@@ -73,10 +73,10 @@ def test_a_board_measured_on_a_slow_link_is_planned_on_it_a_fast_one_at_the_jobs
     assert slow.to_engine(1000).link_mbps == 19.5
     assert slow.to_engine(30).link_mbps is None  # the job's own bandwidth is lower already
     assert fast.to_engine(1000).link_mbps is None  # the probe reads a fast link low: not its own
-    busy = Device.objects.create(name="nx-9", kind="jetson-xavier-nx", measured={"link_mbps": 474.5})
-    assert busy.to_engine(1000).link_mbps is None  # a gigabit veth read by a loaded site: still noise
-    wifi = Device.objects.create(name="nano-9", kind="jetson-nano", measured={"link_mbps": 240.0})
-    assert wifi.to_engine(1000).link_mbps == 240.0  # under a quarter of the job's bandwidth
+    busy = Device.objects.create(name="nx-9", kind="jetson-xavier-nx", measured={"link_mbps": 211.2})
+    assert busy.to_engine(1000).link_mbps is None  # a gigabit veth read by a loaded site (CI, 2026-11-28): noise
+    wifi = Device.objects.create(name="nano-9", kind="jetson-nano", measured={"link_mbps": 120.0})
+    assert wifi.to_engine(1000).link_mbps == 120.0  # under an eighth of the job's bandwidth
     assert unmeasured.to_engine(1000).link_mbps is None
     assert slow.to_engine().link_mbps is None
     assert slow.to_engine(1000).kind == "jetson-nano"  # still a Nano: only its link is its own

@@ -11,7 +11,7 @@ from engine.devices import Device as EngineDevice
 from webapp.lib.tokens import new_token, token_hash
 
 CUSTOM = "custom"
-OWN_LINK_BELOW = 0.25  # a board measured under this fraction of a job's bandwidth is planned at its own link
+OWN_LINK_BELOW = 0.125  # a board measured under this fraction of a job's bandwidth is planned at its own link
 
 
 class Device(models.Model):
@@ -129,9 +129,9 @@ class Device(models.Model):
 
     def to_engine(self, bandwidth_mbps: float | None = None) -> EngineDevice:
         """The engine's view of this device for planning; like a cluster file, changed figures make it custom.
-        A board whose measured link (its agent's probe) is under a quarter of the job's `bandwidth_mbps` is planned
+        A board whose measured link (its agent's probe) is under an eighth of the job's `bandwidth_mbps` is planned
         at its own link: the probe (8 MiB over HTTP, into a site process that may be busy) reads a fast link low,
-        down to half its rate on a loaded 2-core site, so a smaller shortfall is its noise."""
+        an unshaped gigabit veth at 211 Mbps on a loaded 2-core site, so a smaller shortfall is its noise."""
         kind = KINDS.get(self.kind)
         reserved = kind.reserved_gb if kind else 0.0
         same = kind is not None and (self.memory_gb, self.gflops) == (kind.memory_gb, kind.gflops)
