@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -113,6 +114,20 @@ class Lab:
     def api(self, path: str, body: dict | None = None) -> dict:
         return site_api(self.url, self.token, path, body)
 
+    def launch(self, job_id: int, timeout: float = 30) -> dict:
+        """Launch a planned job. While a device of its plan is not online, the site answers 409 and says to wait (a
+        board faulted by the test before may be heard on its new socket just as the site sees its old one close):
+        try again, as a user would, until `timeout`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return self.api(f"/api/jobs/{job_id}/launch/", {})
+            except urllib.error.HTTPError as exc:
+                said = exc.read().decode(errors="replace")
+                if exc.code != 409 or "or wait" not in said or time.monotonic() > deadline:
+                    raise TestbedError(f"launching job {job_id}: {exc.code} {said}") from exc
+            time.sleep(0.5)
+
     def manage(self, *args: str) -> str:
         out = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=self.env, capture_output=True,
                              text=True, timeout=120)  # fmt: skip
@@ -185,7 +200,7 @@ class Lab:
         """Plan and launch `job`; `during(job_id)` once iteration `after` (0-based) is done. The ended job and its
         log lines."""
         planned = self.planned(job)
-        self.api(f"/api/jobs/{planned['id']}/launch/", {})
+        self.launch(planned["id"])
         if during is not None:
             self.reached(planned["id"], after)
             during(planned["id"])
