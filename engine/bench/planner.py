@@ -194,7 +194,8 @@ def exact_vs_ordered(devices: tuple[int, ...], layers: tuple[int, ...], timeout:
 def replan_table(models: dict[str, int], synthetic_layers: tuple[int, ...]) -> list[str]:
     """What a recovery or a membership change waits for: the whole Asteroid planner (ranking included, as the
     coordinator calls it) on each cluster A-D less each of its devices (a loss or a leave) and plus one device of
-    its first kind (a join), and on the synthetic 64-device cluster less one device."""
+    its first kind (a join), and on the largest synthetic cluster of the exact search and on the synthetic 64-device
+    cluster less one device."""
     from engine.workloads import workload
 
     lines = [
@@ -209,8 +210,9 @@ def replan_table(models: dict[str, int], synthetic_layers: tuple[int, ...]) -> l
         "|---|---|---|---|---|",
     ]
     cells = [(letter, cluster, name, batch) for name, batch in models.items() for letter, cluster in CLUSTERS.items()]
-    cells += [
-        ("64 synthetic", synthetic_cluster(64), layers, TIMING_BATCH) for layers in synthetic_layers
+    cells += [  # the largest cluster of the exact search, and one of the ordered search
+        (f"{n} synthetic", synthetic_cluster(n), layers, TIMING_BATCH) for n in (exact_boundary(), 64)
+        for layers in synthetic_layers
     ]  # fmt: skip
     with Progress(len(cells), "re-planning time", sys.stderr.isatty()) as bar:
         for label, cluster, name, batch in cells:

@@ -59,8 +59,9 @@ from engine.progress import Progress
 
 SLACK = 1 + 1e-9  # float headroom on bounds, so a plan exactly at the cap is never cut
 # Past this many (remaining, group) pairs the exact search is too slow; groups are then contiguous runs
-# of the memory order, as in the published planner (still every layer range, stage count and share).
-EXACT_LIMIT = 1000
+# of the memory order, as in the published planner (still every layer range, stage count and share). 16 boards of
+# three kinds (6/5/5: 12,348 pairs) or 24 of two (12/12: 8,281) plan in under 2 s at 200 layers (docs/benchmarks.md).
+EXACT_LIMIT = 12500
 GROWTH = 1.3  # without an upper bound, how much the iteration-time bound loosens per round
 STEP = 0.3  # fraction (in log scale) of the way from the lower to the upper bound each round
 LEAD_GROWTH = 1.2  # how much the bound loosens per round while only the leading micro-batch count is searched
@@ -83,6 +84,8 @@ RIVALS_MAX_LAYERS = 50
 # The near-optima are searched for (a search with a looser bound, costly: 8 x 20 took 5x the search itself)
 # only up to this search size (every A-D cluster: 21-180) and RIVALS_MAX_LAYERS.
 RANK_SEARCH_LIMIT = 200
+# Exact searches larger than this are bounded from above by the ordered search's optimum first (`plan`).
+ORDERED_FIRST = 1000
 THREADS = min(8, os.cpu_count() or 1)  # micro-batch counts searched at once
 # Each round of the leading count first searches keeping this many entries of each state's front: a plan within about
 # 1 % of the optimum (64 and 128 boards x 200 layers) at a fraction of the exact search's cost, whose time then bounds
@@ -215,26 +218,43 @@ def _to_stages(search: _Search, layout: list) -> list[Stage]:
 
 def plan(problem: Problem, progress: bool = False) -> Plan:
     """The fastest plan under the cost model that fits every device's memory (`progress`: a bar per round)."""
-    exact = search_size(problem.cluster, problem.workload) <= EXACT_LIMIT
+    size = search_size(problem.cluster, problem.workload)
+    exact = size <= EXACT_LIMIT
     # Most micro-batches first: they usually win, and a plan found early tightens the bound for the rest.
     options = list(reversed(problem.micro_batch_options))
-    if problem.previous is not None and problem.previous.micro_batches in options:  # a re-plan: its count first
-        options.insert(0, options.pop(options.index(problem.previous.micro_batches)))
+
+    def lead(count: int) -> None:
+        if count in options:
+            options.insert(0, options.pop(options.index(count)))
+
+    if problem.previous is not None:  # a re-plan: its count first
+        lead(problem.previous.micro_batches)
     shared: dict = {}
+    # The published planner's space is inside the exact one and costs a small part of its search: its optimum, 3-8 %
+    # above the exact optimum from 10 to 24 boards, bounds the exact search from above before its first round, and
+    # its count leads. It also joins the ranking: the simulator may run it faster than the closed form's optimum.
+    upper, ordered = None, []
+    if exact and size > ORDERED_FIRST:
+        upper, search, layout = _optimise(problem, [_Search(problem, M, False, shared) for M in options], progress)
+        ordered.append(finish(problem, "asteroid", search.M, _to_stages(search, layout)))
+        lead(search.M)
     searches = [_Search(problem, M, exact, shared) for M in options]
-    found = _optimise(problem, searches, progress)
+    found = _optimise(problem, searches, progress, upper)
     best = finish(problem, "asteroid", found[1].M, _to_stages(found[1], found[2]))
     if not problem.rank:
         return best if problem.schedule in ("auto", "1f1b") else scheduled(best, problem.workload, problem.schedules)
-    return _rank(problem, searches, best, exact, progress)
+    return _rank(problem, searches, best, exact, progress, ordered)
 
 
-def _rank(problem: Problem, searches: list[_Search], best: Plan, exact: bool, progress: bool) -> Plan:
+def _rank(
+    problem: Problem, searches: list[_Search], best: Plan, exact: bool, progress: bool, others: list[Plan]
+) -> Plan:
     """Of the plans that may simulate faster than the closed form's optimum `best` (closed-form time up to its
     simulated time / RANK_RATIO; the RANK_KEEP fastest of each micro-batch count that fit; searched for up to
-    RANK_SEARCH_LIMIT) and, on a cluster small enough for the exact search and a model of at most
-    RIVALS_MAX_LAYERS, GPipe's and FTPipeHD's plans (inside this planner's space), the one the event-driven
-    simulator runs fastest; `best` on a tie (and, past those limits, `best` itself, simulated). Each candidate
+    RANK_SEARCH_LIMIT), `others` (plans other searches of the problem found) and, on a cluster small enough for the
+    exact search and a model of at most RIVALS_MAX_LAYERS, GPipe's and FTPipeHD's plans (inside this planner's
+    space), the one the event-driven simulator runs fastest; `best` on a tie (and, past those limits and with no
+    `others`, `best` itself, simulated). Each candidate
     is simulated under every schedule the problem allows (engine.schedule; the fastest that fits), and, within
     the same limits, the REFINED fastest have their cuts refined and the fastest of them is refined by every single
     move (engine.planners.refine).
@@ -249,6 +269,8 @@ def _rank(problem: Problem, searches: list[_Search], best: Plan, exact: bool, pr
     best = simulated(best, problem.workload)
     cap = best.predicted.simulated_s / RANK_RATIO
     found = {(best.micro_batches, best.stages): best}
+    for other in others:  # plans of the problem found by other searches (the ordered one's optimum)
+        found.setdefault((other.micro_batches, other.stages), other)
     small = problem.workload.num_layers <= RIVALS_MAX_LAYERS
     near = small and search_size(problem.cluster, problem.workload) <= RANK_SEARCH_LIMIT
     with Progress(len(searches) if near else 0, "ranking the fastest plans by simulation", enabled=progress) as bar:
@@ -277,8 +299,9 @@ def _rank(problem: Problem, searches: list[_Search], best: Plan, exact: bool, pr
     return scheduled(refine(chosen, w, seen=seen), w, problem.schedules)
 
 
-def _optimise(problem: Problem, searches: list[_Search], progress: bool) -> tuple:
-    """The best (time, search, layout) over every micro-batch count, in rounds of loosening bounds.
+def _optimise(problem: Problem, searches: list[_Search], progress: bool, upper: float | None = None) -> tuple:
+    """The best (time, search, layout) over every micro-batch count, in rounds of loosening bounds (`upper`: the time
+    of a plan known to be in the search's space that fits, which bounds the rounds from above).
 
     A round of the leading count first runs a search that keeps BEAM entries per state: when that finds a plan, the
     exact round is bounded by its time, about 1 % above the optimum, instead of by the round's bound. A re-plan
@@ -292,7 +315,7 @@ def _optimise(problem: Problem, searches: list[_Search], progress: bool) -> tupl
     # count (the most: usually the best) alone; once it has a plan, one round over every count bounded by that
     # plan's time finds the optimum. Ruling a count out costs a search each, so it is done once, at a tight bound.
     floor = lo = min(s.lower_bound() * s.M for s in searches)
-    hi = _data_parallel_time(problem)
+    hi = _data_parallel_time(problem) if upper is None else min(upper, _data_parallel_time(problem))
     pool = searches[:1]
     rounds = 0
     previous = problem.previous.predicted.iteration_s if problem.previous and problem.previous.predicted else None
