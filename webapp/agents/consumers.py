@@ -94,8 +94,9 @@ def _connection_key(device: Device) -> str:
 
 @database_sync_to_async
 def _gone(device: Device, channel: str) -> None:
-    """The agent's connection closed: offline, unless a newer connection of it said hello meanwhile (a board whose
-    cable was pulled reconnects before the site notices its old socket is dead)."""
+    """The agent's connection closed: offline, unless a newer connection of it was made meanwhile (a board whose
+    cable was pulled reconnects before the site notices its old socket is dead). A newer one that goes before its
+    hello leaves the device as it was: silent, it goes offline by its heartbeats (webapp.devices.liveness)."""
     if cache.get(_connection_key(device)) not in (None, channel):
         return
     Device.objects.filter(pk=device.pk, status=Device.Status.ONLINE, job__isnull=True).update(
@@ -115,6 +116,9 @@ class AgentConsumer(SocketOutage, DirectDispatch, AsyncWebsocketConsumer):
             return
         self.group = agent_group(self.device.pk)
         await self.channel_layer.group_add(self.group, self.channel_name)
+        # The device's newest connection, from its handshake on: an older one closing after it (a cable pulled and
+        # plugged back, its FIN and the new SYN on the wire together) is not the agent gone, hello or not yet.
+        await database_sync_to_async(cache.set)(_connection_key(self.device), self.channel_name, None)
         await self.accept()
         self.welcomed = False
         self.early: list[dict] | None = []  # the site's messages to the agent before its welcome went out
@@ -163,7 +167,6 @@ class AgentConsumer(SocketOutage, DirectDispatch, AsyncWebsocketConsumer):
                 if msg["type"] == "error":  # a frame the site did not take
                     await self.send_json(msg)
                 elif msg["type"] == "hello":
-                    await database_sync_to_async(cache.set)(_connection_key(self.device), self.channel_name, None)
                     for reply in await _hello(self.device, msg):
                         await self.send_json(reply)
                     early, self.early = self.early or [], None
