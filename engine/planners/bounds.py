@@ -70,20 +70,31 @@ def split_floor(ps, m, i, j, g, fixed):
 
 
 @njit(cache=True)
-def launch_window(Wp, Wi, m, sg, overhead, M, pm, room, i, lo, hi, params, link_mbps, link_bps, factor, latency, g):
-    """The last end layer j in [lo, hi] (lo - 1: none) for which a stage from layer i on group g (of speed sg) can
-    still fit `room` as u + all-reduce + (M - 1) max(pm, u): u counted from below by its work over sg and its layers'
-    launches; all three grow with j, so it is found by bisection. The work window alone leaves launches and all-reduce
+def end_window(Wp, Wi, Wl, i, top, m, M, sg, sr, limit, room, tail, lroom, pm, overhead, params, link_mbps, link_bps,
+               factor, latency, g):  # fmt: skip
+    """(lo, hi): the end layers j in [i + 1, top] (lo > hi: none) a stage from layer i on group g (of speed sg, the
+    devices left after it of speed sr) may take. Its work and the work after it each fit the cap `limit` per
+    micro-batch and `work_window`'s window (of `room`, `tail`); then the last j for which the stage can still fit
+    `lroom` as u + all-reduce + (M - 1) max(pm, u), u counted from below by its work over sg and its layers'
+    launches, is found by bisection, as all three grow with j. The work window alone leaves launches and all-reduce
     out: with few micro-batches most of the ends it keeps (94 % at 128 boards x 200 layers, 4 micro-batches) fail."""
-    while lo <= hi:
-        mid = (lo + hi) // 2
+    hi = min(np.searchsorted(Wp, Wi + limit * sg / m, side="right") - 1, top)
+    lo = max(np.searchsorted(Wp, Wl - limit * sr / m, side="left"), i + 1)
+    x_lo, x_hi = work_window(M, m, sg, sr, Wl - Wi, room, tail)
+    if x_lo > x_hi:
+        return lo, lo - 1
+    hi = min(hi, np.searchsorted(Wp, Wi + x_hi, side="right") - 1)
+    lo = max(lo, np.searchsorted(Wp, Wi + x_lo, side="left"))
+    a = lo
+    while a <= hi:
+        mid = (a + hi) // 2
         u = ((Wp[mid] - Wi) * m / sg + 2 * (mid - i) * overhead) * (1 - 1e-9)  # a hair lower: float rounding
         ar = ring_s(params, link_mbps, link_bps, factor, latency, i, mid, g)
-        if u + ar + (M - 1) * (u if u > pm else pm) <= room:
-            lo = mid + 1
+        if u + ar + (M - 1) * (u if u > pm else pm) <= lroom:
+            a = mid + 1
         else:
             hi = mid - 1
-    return hi
+    return lo, hi
 
 
 @njit(cache=True)
@@ -157,18 +168,10 @@ def _bound_pass(t, cap_bound, limit, any_cut, states, codes, ordered, Sp, Pm, Ss
                 child = r + size if ordered else r + gcode
                 lo, hi = L + 1, L - 1
                 if n_rest >= 1:
-                    hi = min(np.searchsorted(Wp, Wi + limit * sg / m, side="right") - 1, L - 1)
-                    lo = max(np.searchsorted(Wp, Wl - limit * sr / m, side="left"), i + 1)
-                    x_lo, x_hi = work_window(M, m, sg, sr, Wl - Wi, cap_bound - sp, (M - 1) * pm)
-                    if x_lo > x_hi:
-                        lo, hi = L + 1, L - 1
-                    else:
-                        hi = min(hi, np.searchsorted(Wp, Wi + x_hi, side="right") - 1)
-                        lo = max(lo, np.searchsorted(Wp, Wi + x_lo, side="left"))
-                        hi = launch_window(
-                            Wp, Wi, m, sg, overhead, M, pm, top - sp, i, lo, hi,
-                            params, link_mbps, link_bps, factor, latency, g,
-                        )  # fmt: skip
+                    lo, hi = end_window(
+                        Wp, Wi, Wl, i, L - 1, m, M, sg, sr, limit, cap_bound - sp, (M - 1) * pm, top - sp, pm,
+                        overhead, params, link_mbps, link_bps, factor, latency, g,
+                    )  # fmt: skip
                 last = (Wl - Wi) * m <= limit * sg
                 middle = hi - lo + 1 if hi >= lo else 0
                 for step in range(middle + (1 if last else 0)):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from engine.planners.bounds import bounds, launch_window, next_move, split_floor, work_window
+from engine.planners.bounds import bounds, end_window, next_move, split_floor
 from engine.planners.stagecosts import capped_time, fixed_s, ring_s, split_fit
 
 
@@ -211,18 +211,10 @@ def front_search(t, cap_bound, limit, ks, k_top, cuts, states, codes, ordered, k
                     child = r + size if ordered else r + gcode  # states are numbered by the devices used
                     lo, hi = L + 1, L - 1
                     if k != 1 and n_rest >= after:
-                        hi = min(np.searchsorted(Wp, Wi + limit * sg / m, side="right") - 1, L - after)
-                        lo = max(np.searchsorted(Wp, Wl - limit * sr / m, side="left"), i + 1)
-                        x_lo, x_hi = work_window(M, m, sg, sr, Wl - Wi, room, tail)
-                        if x_lo > x_hi:
-                            lo, hi = L + 1, L - 1
-                        else:
-                            hi = min(hi, np.searchsorted(Wp, Wi + x_hi, side="right") - 1)
-                            lo = max(lo, np.searchsorted(Wp, Wi + x_lo, side="left"))
-                            hi = launch_window(
-                                Wp, Wi, m, sg, overhead, M, pm, room * (1 + 1e-9), i, lo, hi,
-                                params, link_mbps, link_bps, factor, latency, g,
-                            )  # fmt: skip
+                        lo, hi = end_window(
+                            Wp, Wi, Wl, i, L - after, m, M, sg, sr, limit, room, tail, room * (1 + 1e-9), pm,
+                            overhead, params, link_mbps, link_bps, factor, latency, g,
+                        )  # fmt: skip
                     last = k <= 1 and (Wl - Wi) * m <= limit * sg
                     middle = hi - lo + 1 if hi >= lo else 0
                     for step in range(middle + (1 if last else 0)):
