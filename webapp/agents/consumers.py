@@ -92,6 +92,16 @@ def _connection_key(device: Device) -> str:
     return f"asteroid:agent-connection:{device.pk}"
 
 
+def _newest(device: Device, channel: str) -> None:
+    cache.set(_connection_key(device), channel, None)
+
+
+# The device's newest connection, noted at its handshake (off the database thread, like `_authenticate`): an older one
+# closing after it (a cable pulled and plugged back, its FIN and the new SYN on the wire together) is not the agent
+# gone, whether or not the new one has said hello yet.
+_note_newest = off_the_database_thread(_newest)
+
+
 @database_sync_to_async
 def _gone(device: Device, channel: str) -> None:
     """The agent's connection closed: offline, unless a newer connection of it was made meanwhile (a board whose
@@ -116,9 +126,7 @@ class AgentConsumer(SocketOutage, DirectDispatch, AsyncWebsocketConsumer):
             return
         self.group = agent_group(self.device.pk)
         await self.channel_layer.group_add(self.group, self.channel_name)
-        # The device's newest connection, from its handshake on: an older one closing after it (a cable pulled and
-        # plugged back, its FIN and the new SYN on the wire together) is not the agent gone, hello or not yet.
-        await database_sync_to_async(cache.set)(_connection_key(self.device), self.channel_name, None)
+        await _note_newest(self.device, self.channel_name)
         await self.accept()
         self.welcomed = False
         self.early: list[dict] | None = []  # the site's messages to the agent before its welcome went out
