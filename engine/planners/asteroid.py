@@ -254,10 +254,9 @@ def _rank(
     RANK_SEARCH_LIMIT), `others` (plans other searches of the problem found) and, on a cluster small enough for the
     exact search and a model of at most RIVALS_MAX_LAYERS, GPipe's and FTPipeHD's plans (inside this planner's
     space), the one the event-driven simulator runs fastest; `best` on a tie (and, past those limits and with no
-    `others`, `best` itself, simulated). Each candidate
-    is simulated under every schedule the problem allows (engine.schedule; the fastest that fits), and, within
-    the same limits, the REFINED fastest have their cuts refined and the fastest of them is refined by every single
-    move (engine.planners.refine).
+    `others`, `best` itself, simulated). Each candidate is simulated under every schedule the problem allows
+    (engine.schedule; the fastest that fits), and, within the same limits, the REFINED fastest have their cuts refined
+    and the fastest of them is refined by every single move (engine.planners.refine).
 
     The closed form charges every send as if it held its device up and every stage's whole time to the fill
     and drain, so it over-predicts, most where sends are long or the slowest stage comes early (the simulator
