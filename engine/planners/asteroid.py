@@ -21,9 +21,10 @@ Every search is bounded: a plan of iteration time T has every stage below T / M,
 before and after a stage need at least their work over their devices' speed, so a DP run with
 bound T finds exactly the plans with iteration time <= T, and prunes the rest early (a forward and a
 backward pass first bound what the stages before and after each state take, `bounds.bounds`). The bound steps up
-from the lower bound (total work over total speed) toward the best data-parallel plan; the first
-round that finds a plan has found the optimum. Each round of the leading micro-batch count first
-searches with fronts cut to BEAM entries, and bounds its exact round by the plan that finds.
+from the lower bound (total work over total speed) toward the best data-parallel plan (and, on an exact search
+past ORDERED_FIRST pairs, the ordered search's optimum, whose count leads); the first round that finds a plan has
+found the optimum. Each round of the leading micro-batch count first searches with fronts cut to BEAM entries, and
+bounds its exact round by the plan that finds.
 
 That optimum is of the closed form, which charges sends as if they held their device up and every stage's
 whole time to the pipeline's fill and drain, so it over-predicts, most where sends are long or the slowest
