@@ -76,8 +76,10 @@ RANK_RATIO, RANK_KEEP, RANK_PLANS = 0.75, 3, 8
 # Where ranked, the REFINED fastest ranked plans have their cuts refined (engine.planners.refine, cut moves alone:
 # cheap), and the fastest of them is then refined by every move: the best of the ranking is not always the one a
 # few moves improve most (MobileNetV2 on B: the third, 6 % slower, is two cuts from a plan 5 % faster than the
-# first's refinement). A re-plan waits for every simulation of it.
-REFINED = 3
+# first's refinement; on another host's profiles the closed form's fastest plan, simulated fourth, is three cuts from a
+# plan 3 % faster than the refinement of the first three). A re-plan waits for every simulation of it. Over A-D's 40
+# cells, the 5 fastest against the 3 fastest made 4 plans 2-3 % faster, none slower; the 8 fastest, no more.
+REFINED = 5
 # GPipe's and FTPipeHD's plans join the ranking on clusters the exact search covers, up to this many layers
 # (every zoo model): past it FTPipeHD's chain DP takes longer than the search itself (1.5 s at 9 x 100 here).
 # PipeDream's planner costs seconds even on small clusters and is left out.
