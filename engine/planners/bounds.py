@@ -70,8 +70,8 @@ def split_floor(ps, m, i, j, g, fixed):
 
 
 @njit(cache=True)
-def end_window(Wp, Wi, Wl, i, top, m, M, sg, sr, limit, room, tail, lroom, pm, overhead, params, link_mbps, link_bps,
-               factor, latency, g):  # fmt: skip
+def end_window(Wp, Wi, Wl, i, top, m, M, sg, sr, limit, room, tail, lroom, pm, overhead, params, factor, c1, bps,
+               c2):  # fmt: skip
     """(lo, hi): the end layers j in [i + 1, top] (lo > hi: none) a stage from layer i on group g (of speed sg, the
     devices left after it of speed sr) may take. Its work and the work after it each fit the cap `limit` per
     micro-batch and `work_window`'s window (of `room`, `tail`); then the last j for which the stage can still fit
@@ -89,7 +89,7 @@ def end_window(Wp, Wi, Wl, i, top, m, M, sg, sr, limit, room, tail, lroom, pm, o
     while a <= hi:
         mid = (a + hi) // 2
         u = ((Wp[mid] - Wi) * m / sg + 2 * (mid - i) * overhead) * (1 - 1e-9)  # a hair lower: float rounding
-        ar = ring_s(params, link_mbps, link_bps, factor, latency, i, mid, g)
+        ar = ring_s(params, factor, c1, bps, c2, i, mid)
         if u + ar + (M - 1) * (u if u > pm else pm) <= lroom:
             a = mid + 1
         else:
@@ -122,30 +122,59 @@ def bounds(t, cap_bound, limit, cuts, states, codes, ordered):
     for j in range(L + 1):
         for k in range(cuts.shape[0]):
             any_cut[j] = any_cut[j] or cuts[k, j]
-    _bound_pass(t, cap_bound, limit, any_cut, states, codes, ordered, Sp, Pm, Ss, Us, False)
-    _bound_pass(t, cap_bound, limit, any_cut, states, codes, ordered, Sp, Pm, Ss, Us, True)
+    moves = _forward(t, cap_bound, limit, any_cut, states, codes, ordered, Sp, Pm)
+    _backward(t, cap_bound, any_cut, states, codes, ordered, Sp, Pm, Ss, Us, moves)
     return Sp, Pm, Ss, Us
 
 
 @njit(cache=True)
-def _bound_pass(t, cap_bound, limit, any_cut, states, codes, ordered, Sp, Pm, Ss, Us, backward):  # noqa: C901
-    """One pass of `bounds`: forward, Sp and Pm of every state a move leads to; backward, Ss and Us of every state
-    with Sp, from those of the states its moves lead to (the layers after a state are bounded by their work over the
-    speed of the devices left forward, by Ss and Us backward)."""
+def grow(a, need):
+    """a, or a copy of it with room for `need` (at least twice the room)."""
+    if need <= a.shape[0]:
+        return a
+    b = np.empty(max(need, 2 * a.shape[0]), a.dtype)
+    b[: a.shape[0]] = a
+    return b
+
+
+@njit(cache=True)
+def _within(top, M, sp, pm, u, rest_s, rest_u, params, factor, c1, bps, c2, i, j):
+    """Whether a stage of at least u seconds on layers [i, j), after stages of sum sp and slowest pm and before stages
+    of sum rest_s and slowest rest_u, leaves room for its all-reduce (computed only when the rest fits) within top."""
+    most = u if u > pm else pm
+    most = most if most > rest_u else rest_u
+    if sp + u + rest_s + (M - 1) * most > top:
+        return False
+    ar = ring_s(params, factor, c1, bps, c2, i, j)
+    return not sp + u + rest_s + ar + (M - 1) * most > top
+
+
+@njit(cache=True)
+def _forward(t, cap_bound, limit, any_cut, states, codes, ordered, Sp, Pm):  # noqa: C901
+    """The forward pass of `bounds`: Sp and Pm of every state a move leads to, the layers after each move bounded by
+    their work over the speed of the devices left. Returns the moves it found room for, for `_backward`, which sees
+    the same states with the same Sp and Pm and so the same end windows: per (layer, state) the first and how many,
+    and per move its group code, its first and last end layer before the model's end and whether it may end there
+    (the backward pass took as long as this one while it enumerated and windowed every group again)."""
     L, M, m, K = t.L, t.M, t.m, t.K
     Wp, speed, ps, overhead, latency = t.Wp, t.speed, t.ps, t.overhead, t.latency
-    params, link_mbps, link_bps, factor = t.params, t.link_mbps, t.link_bps, t.factor
+    params, factor, ring = t.params, t.factor, t.ring
     R = states.shape[0]
     g = np.zeros(K, np.int64)
     Wl = Wp[L]
     top = cap_bound * (1 + 1e-9)
-    for step_i in range(L):
-        i = L - 1 - step_i if backward else step_i
+    first = np.zeros((L + 1, R), np.int64)
+    count = np.zeros((L + 1, R), np.int64)
+    n = 0
+    move_g, move_lo, move_hi = np.empty(1024, np.int64), np.empty(1024, np.int64), np.empty(1024, np.int64)
+    move_last = np.empty(1024, np.bool_)
+    for i in range(L):
         Wi = Wp[i]
         for r in range(R):
             sp, pm = Sp[i, r], Pm[i, r]
             if sp == np.inf:
                 continue
+            first[i, r] = n
             rv = states[r]
             for x in range(K):
                 g[x] = 0
@@ -166,44 +195,77 @@ def _bound_pass(t, cap_bound, limit, any_cut, states, codes, ordered, Sp, Pm, Ss
                         break
                     continue
                 child = r + size if ordered else r + gcode
+                c1, bps, c2 = ring[gcode, 0], ring[gcode, 1], ring[gcode, 2]
                 lo, hi = L + 1, L - 1
                 if n_rest >= 1:
                     lo, hi = end_window(
                         Wp, Wi, Wl, i, L - 1, m, M, sg, sr, limit, cap_bound - sp, (M - 1) * pm, top - sp, pm,
-                        overhead, params, link_mbps, link_bps, factor, latency, g,
+                        overhead, params, factor, c1, bps, c2,
                     )  # fmt: skip
                 last = (Wl - Wi) * m <= limit * sg
+                if hi < lo and not last:
+                    continue
+                if n == move_g.shape[0]:
+                    move_g, move_lo, move_hi = grow(move_g, n + 1), grow(move_lo, n + 1), grow(move_hi, n + 1)
+                    move_last = grow(move_last, n + 1)
+                move_g[n], move_lo[n], move_hi[n], move_last[n] = gcode, lo, hi, last
+                n += 1
                 middle = hi - lo + 1 if hi >= lo else 0
-                for step in range(middle + (1 if last else 0)):
+                for step in range(middle):  # the model's end needs no bound here: no state is after it
+                    j = lo + step
+                    if not any_cut[j]:
+                        continue
+                    rest_s = (Wl - Wp[j]) * m / sr
+                    u = split_floor(ps, m, i, j, g, fixed_s(overhead, latency, L, i, j))
+                    if not _within(top, M, sp, pm, u, rest_s, rest_s, params, factor, c1, bps, c2, i, j):
+                        continue
+                    if sp + u < Sp[j, child]:
+                        Sp[j, child] = sp + u
+                    u_max = u if u > pm else pm
+                    if u_max < Pm[j, child]:
+                        Pm[j, child] = u_max
+            count[i, r] = n - first[i, r]
+    return first, count, move_g, move_lo, move_hi, move_last
+
+
+@njit(cache=True)
+def _backward(t, cap_bound, any_cut, states, codes, ordered, Sp, Pm, Ss, Us, moves):  # noqa: C901
+    """The backward pass of `bounds`: Ss and Us of every state with Sp, over the moves `_forward` found room for, the
+    layers after each move bounded by the Ss and Us of the state it leads to."""
+    L, M, m, K = t.L, t.M, t.m, t.K
+    ps, overhead, latency, params, factor, ring = t.ps, t.overhead, t.latency, t.params, t.factor, t.ring
+    first, count, move_g, move_lo, move_hi, move_last = moves
+    full = states[0]
+    g = np.zeros(K, np.int64)
+    top = cap_bound * (1 + 1e-9)
+    for i in range(L - 1, -1, -1):
+        for r in range(states.shape[0]):
+            sp, pm = Sp[i, r], Pm[i, r]
+            if sp == np.inf:
+                continue
+            for e in range(first[i, r], first[i, r] + count[i, r]):
+                gcode, lo, hi = move_g[e], move_lo[e], move_hi[e]
+                size = 0
+                for x in range(K):
+                    g[x] = (gcode // codes[x]) % (full[x] + 1)
+                    size += g[x]
+                child = r + size if ordered else r + gcode
+                c1, bps, c2 = ring[gcode, 0], ring[gcode, 1], ring[gcode, 2]
+                middle = hi - lo + 1 if hi >= lo else 0
+                for step in range(middle + (1 if move_last[e] else 0)):
                     j = L if step == middle else lo + step
                     if j < L and not any_cut[j]:
                         continue
-                    if j == L:
-                        rest_s, rest_u = 0.0, 0.0
-                    elif backward:
+                    rest_s, rest_u = 0.0, 0.0
+                    if j < L:
                         rest_s, rest_u = Ss[j, child], Us[j, child]
                         if rest_s == np.inf:
                             continue
-                    else:
-                        rest_s = (Wl - Wp[j]) * m / sr
-                        rest_u = rest_s
                     u = split_floor(ps, m, i, j, g, fixed_s(overhead, latency, L, i, j))
-                    most = u if u > pm else pm
-                    most = most if most > rest_u else rest_u
-                    if sp + u + rest_s + (M - 1) * most > top:
+                    if not _within(top, M, sp, pm, u, rest_s, rest_u, params, factor, c1, bps, c2, i, j):
                         continue
-                    ar = ring_s(params, link_mbps, link_bps, factor, latency, i, j, g)
-                    if sp + u + rest_s + ar + (M - 1) * most > top:
-                        continue
-                    if backward:
-                        after = u if u > rest_u else rest_u
-                        if u + rest_s < Ss[i, r]:
-                            Ss[i, r] = u + rest_s
-                        if after < Us[i, r]:
-                            Us[i, r] = after
-                    elif j < L:
-                        if sp + u < Sp[j, child]:
-                            Sp[j, child] = sp + u
-                        u_max = u if u > pm else pm
-                        if u_max < Pm[j, child]:
-                            Pm[j, child] = u_max
+                    after = u if u > rest_u else rest_u
+                    if u + rest_s < Ss[i, r]:
+                        Ss[i, r] = u + rest_s
+                    if after < Us[i, r]:
+                        Us[i, r] = after

@@ -13,17 +13,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from engine.planners.bounds import bounds, end_window, next_move, split_floor
+from engine.planners.bounds import bounds, end_window, grow, next_move, split_floor
 from engine.planners.stagecosts import capped_time, fixed_s, ring_s, split_fit
-
-
-@njit(cache=True)
-def _grow(a, need):
-    if need <= a.shape[0]:
-        return a
-    b = np.empty(max(need, 2 * a.shape[0]), a.dtype)
-    b[: a.shape[0]] = a
-    return b
 
 
 @njit(cache=True)
@@ -35,7 +26,7 @@ def _entries(n):
 @njit(cache=True)
 def _grow_entries(U, S, A, j, g, n, need):
     """The six arrays of `_entries`, each with room for `need`."""
-    return _grow(U, need), _grow(S, need), _grow(A, need), _grow(j, need), _grow(g, need), _grow(n, need)
+    return grow(U, need), grow(S, need), grow(A, need), grow(j, need), grow(g, need), grow(n, need)
 
 
 @njit(cache=True)
@@ -122,7 +113,7 @@ def front_search(t, cap_bound, limit, ks, k_top, cuts, states, codes, ordered, k
     """
     L, M, m, K = t.L, t.M, t.m, t.K
     Wp, speed, total_speed, ps, overhead, latency = t.Wp, t.speed, t.total_speed, t.ps, t.overhead, t.latency
-    params, link_mbps, link_bps, factor = t.params, t.link_mbps, t.link_bps, t.factor
+    params, factor, ring = t.params, t.factor, t.ring
     static, saved, peak, memory = t.static, t.saved, t.peak, t.memory
     R = states.shape[0]
     relaxed = ks[0] == 0
@@ -209,11 +200,12 @@ def front_search(t, cap_bound, limit, ks, k_top, cuts, states, codes, ordered, k
                     for x in range(K):
                         gcode += g[x] * codes[x]
                     child = r + size if ordered else r + gcode  # states are numbered by the devices used
+                    c1, bps, c2 = ring[gcode, 0], ring[gcode, 1], ring[gcode, 2]
                     lo, hi = L + 1, L - 1
                     if k != 1 and n_rest >= after:
                         lo, hi = end_window(
                             Wp, Wi, Wl, i, L - after, m, M, sg, sr, limit, room, tail, room * (1 + 1e-9), pm,
-                            overhead, params, link_mbps, link_bps, factor, latency, g,
+                            overhead, params, factor, c1, bps, c2,
                         )  # fmt: skip
                     last = k <= 1 and (Wl - Wi) * m <= limit * sg
                     middle = hi - lo + 1 if hi >= lo else 0
@@ -232,7 +224,7 @@ def front_search(t, cap_bound, limit, ks, k_top, cuts, states, codes, ordered, k
                         if u_lb > u_max:
                             continue
                         # the all-reduce is the stage's alone: with it, the bound above may already be passed
-                        ar = ring_s(params, link_mbps, link_bps, factor, latency, i, j, g)
+                        ar = ring_s(params, factor, c1, bps, c2, i, j)
                         if u_lb + ar + rest_s + (M - 1) * max(u_lb, pm, rest_s) > room * (1 + 1e-9):
                             continue
                         best, fits = split_fit(ps, static, saved, peak, memory, m, i, j, g)

@@ -66,13 +66,14 @@ def fixed_s(overhead, latency, L, i, j):
 @njit(cache=True)
 def stage_allreduce(t, i, j, g):
     """Ring all-reduce of layers [i, j) across group g at its slowest class's link (costmodel.allreduce_s)."""
-    return ring_s(t.params, t.link_mbps, t.link_bps, t.factor, t.latency, i, j, g)
+    c1, bps, c2 = ring_constants(t.link_mbps, t.link_bps, t.latency, g)
+    return ring_s(t.params, t.factor, c1, bps, c2, i, j)
 
 
 @njit(cache=True)
-def ring_s(params, link_mbps, link_bps, factor, latency, i, j, g):
-    """`stage_allreduce` from the tables' arrays themselves. The search calls this form: numba passes a named tuple
-    to a function field by field, and passing all of `Tables` cost ten times the arithmetic."""
+def ring_constants(link_mbps, link_bps, latency, g):
+    """What `ring_s` needs of group g: 2 (n - 1) / n for its n devices, its slowest class's link in bytes/s and its
+    2 (n - 1) latencies (a group of one: no all-reduce)."""
     n = 0
     slow = -1
     for k in range(g.shape[0]):
@@ -81,9 +82,27 @@ def ring_s(params, link_mbps, link_bps, factor, latency, i, j, g):
             if slow < 0 or link_mbps[k] < link_mbps[slow]:
                 slow = k
     if n < 2:
-        return 0.0
-    nbytes = (params[j] - params[i]) * factor / 4
-    return 2 * (n - 1) / n * nbytes / link_bps[slow] + 2 * (n - 1) * latency
+        return 0.0, 1.0, 0.0
+    return 2 * (n - 1) / n, link_bps[slow], 2 * (n - 1) * latency
+
+
+@njit(cache=True)
+def ring_s(params, factor, c1, bps, c2, i, j):
+    """`stage_allreduce` of layers [i, j) from the group's `ring_constants` (the search reads them from the tables'
+    `ring` per group code: looping over the classes at every call took a third of the bounding passes). Takes arrays,
+    not the tables: numba passes a named tuple to a function field by field, and passing all of `Tables` cost ten
+    times the arithmetic."""
+    return c1 * ((params[j] - params[i]) * factor / 4) / bps + c2
+
+
+@njit(cache=True)
+def _fill_ring(link_mbps, link_bps, latency, full, strides, ring):
+    """`ring_constants` of every group, by its code (counts per class in the mixed radix of `strides`)."""
+    g = np.zeros(full.shape[0], np.int64)
+    for code in range(ring.shape[0]):
+        for k in range(full.shape[0]):
+            g[k] = (code // strides[k]) % (full[k] + 1)
+        ring[code, 0], ring[code, 1], ring[code, 2] = ring_constants(link_mbps, link_bps, latency, g)
 
 
 @njit(cache=True)
@@ -192,7 +211,7 @@ def capped_time(ps, static, saved, peak, memory, m, fixed, i, j, g, in_flight):
 Tables = namedtuple(
     "Tables",
     "L M m K prefix divisor out rate off gbits bits codec codec_div overhead latency params factor link_mbps "
-    "link_bps static saved peak memory Wp speed total_speed ps",
+    "link_bps static saved peak memory Wp speed total_speed ps ring",
 )
 
 
@@ -247,9 +266,15 @@ def tables(search) -> Tables:
         speed=np.asarray(search.speed, dtype=np.float64),
         total_speed=float(sum(len(c) * s for c, s in zip(classes, search.speed))),
         ps=search.shared.get("per_sample"),
+        ring=search.shared.get("ring"),
     )
     if t.ps is None:  # the same for every micro-batch count of the problem: filled once
         t = t._replace(ps=np.zeros((K, L + 1, L + 1)))
         _fill_per_sample(t)
         search.shared["per_sample"] = t.ps
+    if t.ring is None:  # also: every group code's all-reduce constants
+        full = np.array([len(c) for c in classes], dtype=np.int64)
+        t = t._replace(ring=np.zeros((int(np.prod(full + 1)), 3)))
+        _fill_ring(t.link_mbps, t.link_bps, t.latency, full, search.states()[1], t.ring)
+        search.shared["ring"] = t.ring
     return t
