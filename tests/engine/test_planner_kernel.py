@@ -26,6 +26,7 @@ def test_compiled_stage_costs_equal_the_cost_model(level):
         search = asteroid._Search(problem, M, exact=True)
         t = stagecosts.tables(search)
         full = [len(c) for c in search.classes]
+        strides = search.states()[1]
         L = problem.workload.num_layers
         for i, j in itertools.combinations(range(L + 1), 2):
             for g in itertools.product(*(range(n + 1) for n in full)):
@@ -37,6 +38,8 @@ def test_compiled_stage_costs_equal_the_cost_model(level):
                 assert (got < 0) == (want is None), (seed, i, j, g)
                 time, ar, most = stagecosts.memory_free(t, i, j, np.array(g, dtype=np.int64))
                 assert ar == search.allreduce_of(i, j, g), (seed, i, j, g)
+                c1, bps, c2 = t.ring[int(np.dot(g, strides))]  # the search's constants, by the group's code
+                assert stagecosts.ring_s(t.params, t.factor, c1, bps, c2, i, j) == ar, (seed, i, j, g)
                 if want is not None:
                     assert got == want[0], (seed, i, j, g, got, want[0])
                     # the closed form without memory is the memory-capped split wherever it fits
