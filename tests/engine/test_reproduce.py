@@ -21,6 +21,9 @@ def test_measured_runs_are_held_to_the_simulated_iteration_where_known():
     text = report(runs, "bench reproduce")
     assert "(1.02)" in text and "(1.00)" in text  # measured / simulated; the closed-form-only run against it
     assert "| 0.0100 | 0.0120 |" in text  # the every-run table keeps both predictions
+    # no DDP run: the claim says so rather than "0.00x ()"; the pipeline claim names its cell
+    assert "over data parallelism (DDP): none measured (no cell ran both)" in text
+    assert "best other pipeline method: 1.96x (mobilenetv2 on C at 1000 Mbps)" in text
 
 
 def test_records_from_before_the_simulation_load_and_use_the_closed_form(tmp_path):
