@@ -167,24 +167,28 @@ class _Search:
             states, strides, not self.exact, keep, beam,
         )  # fmt: skip
         found = []
+        radix, g = np.array(full, dtype=np.int64), np.zeros(len(full), dtype=np.int64)
         for t, k, e in zip(times.tolist(), tops.tolist(), entries.tolist()):
-            stages_, i = [], 0
+            stages_, i, left = [], 0, radix.copy()
             while e >= 0:
-                g = tuple(int(c) for c in (groups[e] // strides) % (np.array(full) + 1))
+                stagecosts.group_of(int(groups[e]), strides, radix, left, not self.exact, g)
+                left -= g
                 j = int(ends[e])
-                stages_.append((i, j, g, self.split(i, j, g, min(k, self.M) if k else 1)[2]))
+                group = tuple(int(c) for c in g)
+                stages_.append((i, j, group, self.split(i, j, group, min(k, self.M) if k else 1)[2]))
                 i, e, k = j, int(links[e]), (k - 1 if k else 0)
             found.append((t, stages_))
         return found
 
     def states(self) -> tuple[np.ndarray, np.ndarray]:
         """The DP's states (devices left per class, numbered by the devices used: the whole cluster is 0) and the
-        mixed-radix strides that number a group. Exact: every count vector; ordered: the memory order's suffixes."""
+        mixed-radix strides that number a group (`stagecosts.group_code`). Exact: every count vector; ordered: the
+        memory order's suffixes (a group is numbered by its size there, and the strides are all 1)."""
         key = ("states", self.exact)
         if key not in self.shared:
             full = np.array([len(c) for c in self.classes], dtype=np.int64)
             strides = np.ones(len(full), dtype=np.int64)
-            for k in range(len(full) - 2, -1, -1):
+            for k in range(len(full) - 2, -1, -1) if self.exact else ():  # ordered: no code needs them
                 strides[k] = strides[k + 1] * (full[k + 1] + 1)
             if self.exact:
                 codes = np.arange(int(np.prod(full + 1)))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from engine.planners.stagecosts import fixed_s, ring_s
+from engine.planners.stagecosts import fixed_s, group_code, group_of, group_ring, ring_s
 
 
 @njit(cache=True)
@@ -158,7 +158,7 @@ def _forward(t, cap_bound, limit, any_cut, states, codes, ordered, Sp, Pm):  # n
     (the backward pass took as long as this one while it enumerated and windowed every group again)."""
     L, M, m, K = t.L, t.M, t.m, t.K
     Wp, speed, ps, overhead, latency = t.Wp, t.speed, t.ps, t.overhead, t.latency
-    params, factor, ring = t.params, t.factor, t.ring
+    params, factor, ring, link_mbps, link_bps = t.params, t.factor, t.ring, t.link_mbps, t.link_bps
     R = states.shape[0]
     g = np.zeros(K, np.int64)
     Wl = Wp[L]
@@ -183,19 +183,18 @@ def _forward(t, cap_bound, limit, any_cut, states, codes, ordered, Sp, Pm):  # n
                 sg = 0.0
                 sr = 0.0
                 n_rest = 0
-                gcode = 0
                 for x in range(K):
                     size += g[x]
                     sg += g[x] * speed[x]
                     sr += (rv[x] - g[x]) * speed[x]
                     n_rest += rv[x] - g[x]
-                    gcode += g[x] * codes[x]
                 if size > m:
                     if ordered:
                         break
                     continue
-                child = r + size if ordered else r + gcode
-                c1, bps, c2 = ring[gcode, 0], ring[gcode, 1], ring[gcode, 2]
+                gcode = group_code(g, codes, size, ordered)
+                child = r + gcode
+                c1, bps, c2 = group_ring(ring, gcode, link_mbps, link_bps, latency, g, ordered)
                 lo, hi = L + 1, L - 1
                 if n_rest >= 1:
                     lo, hi = end_window(
@@ -234,6 +233,7 @@ def _backward(t, cap_bound, any_cut, states, codes, ordered, Sp, Pm, Ss, Us, mov
     layers after each move bounded by the Ss and Us of the state it leads to."""
     L, M, m, K = t.L, t.M, t.m, t.K
     ps, overhead, latency, params, factor, ring = t.ps, t.overhead, t.latency, t.params, t.factor, t.ring
+    link_mbps, link_bps = t.link_mbps, t.link_bps
     first, count, move_g, move_lo, move_hi, move_last = moves
     full = states[0]
     g = np.zeros(K, np.int64)
@@ -245,12 +245,9 @@ def _backward(t, cap_bound, any_cut, states, codes, ordered, Sp, Pm, Ss, Us, mov
                 continue
             for e in range(first[i, r], first[i, r] + count[i, r]):
                 gcode, lo, hi = move_g[e], move_lo[e], move_hi[e]
-                size = 0
-                for x in range(K):
-                    g[x] = (gcode // codes[x]) % (full[x] + 1)
-                    size += g[x]
-                child = r + size if ordered else r + gcode
-                c1, bps, c2 = ring[gcode, 0], ring[gcode, 1], ring[gcode, 2]
+                group_of(gcode, codes, full, states[r], ordered, g)
+                child = r + gcode
+                c1, bps, c2 = group_ring(ring, gcode, link_mbps, link_bps, latency, g, ordered)
                 middle = hi - lo + 1 if hi >= lo else 0
                 for step in range(middle + (1 if move_last[e] else 0)):
                     j = L if step == middle else lo + step

@@ -14,7 +14,7 @@ import numpy as np
 from numba import njit
 
 from engine.planners.bounds import bounds, end_window, grow, next_move, split_floor
-from engine.planners.stagecosts import capped_time, fixed_s, ring_s, split_fit
+from engine.planners.stagecosts import capped_time, fixed_s, group_code, group_ring, ring_s, split_fit
 
 
 @njit(cache=True)
@@ -113,7 +113,7 @@ def front_search(t, cap_bound, limit, ks, k_top, cuts, states, codes, ordered, k
     """
     L, M, m, K = t.L, t.M, t.m, t.K
     Wp, speed, total_speed, ps, overhead, latency = t.Wp, t.speed, t.total_speed, t.ps, t.overhead, t.latency
-    params, factor, ring = t.params, t.factor, t.ring
+    params, factor, ring, link_mbps, link_bps = t.params, t.factor, t.ring, t.link_mbps, t.link_bps
     static, saved, peak, memory = t.static, t.saved, t.peak, t.memory
     R = states.shape[0]
     relaxed = ks[0] == 0
@@ -196,11 +196,9 @@ def front_search(t, cap_bound, limit, ks, k_top, cuts, states, codes, ordered, k
                         sg += g[x] * speed[x]
                         sr += rest[x] * speed[x]
                         n_rest += rest[x]
-                    gcode = 0
-                    for x in range(K):
-                        gcode += g[x] * codes[x]
-                    child = r + size if ordered else r + gcode  # states are numbered by the devices used
-                    c1, bps, c2 = ring[gcode, 0], ring[gcode, 1], ring[gcode, 2]
+                    gcode = group_code(g, codes, size, ordered)
+                    child = r + gcode  # states are numbered by the devices used
+                    c1, bps, c2 = group_ring(ring, gcode, link_mbps, link_bps, latency, g, ordered)
                     lo, hi = L + 1, L - 1
                     if k != 1 and n_rest >= after:
                         lo, hi = end_window(

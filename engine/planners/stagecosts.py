@@ -96,6 +96,40 @@ def ring_s(params, factor, c1, bps, c2, i, j):
 
 
 @njit(cache=True)
+def group_code(g, codes, size, ordered):
+    """The number the search gives group g: its counts in the mixed radix of `codes` (exact search), or how many
+    devices it has (ordered: a group is the next devices of the memory order, and a code of every count vector would
+    overflow 64 bits past 63 distinct classes). Either way, the state after it is the state's number plus its code."""
+    if ordered:
+        return size
+    code = 0
+    for x in range(g.shape[0]):
+        code += g[x] * codes[x]
+    return code
+
+
+@njit(cache=True)
+def group_of(code, codes, full, rv, ordered, g):
+    """Fill g with the group of `group_code` `code`, taken from a state with devices rv left."""
+    left = code
+    for x in range(g.shape[0]):
+        if ordered:  # the next `code` devices in memory order: class by class
+            g[x] = rv[x] if rv[x] < left else left
+            left -= g[x]
+        else:
+            g[x] = (code // codes[x]) % (full[x] + 1)
+
+
+@njit(cache=True)
+def group_ring(ring, code, link_mbps, link_bps, latency, g, ordered):
+    """Group g's `ring_constants`: from the table by its code (exact search), else worked out (the ordered search's
+    groups are few per state, and a table of every count vector would not fit)."""
+    if ordered:
+        return ring_constants(link_mbps, link_bps, latency, g)
+    return ring[code, 0], ring[code, 1], ring[code, 2]
+
+
+@njit(cache=True)
 def _fill_ring(link_mbps, link_bps, latency, full, strides, ring):
     """`ring_constants` of every group, by its code (counts per class in the mixed radix of `strides`)."""
     g = np.zeros(full.shape[0], np.int64)
@@ -266,15 +300,16 @@ def tables(search) -> Tables:
         speed=np.asarray(search.speed, dtype=np.float64),
         total_speed=float(sum(len(c) * s for c, s in zip(classes, search.speed))),
         ps=search.shared.get("per_sample"),
-        ring=search.shared.get("ring"),
+        ring=search.shared.get(("ring", search.exact)),
     )
     if t.ps is None:  # the same for every micro-batch count of the problem: filled once
         t = t._replace(ps=np.zeros((K, L + 1, L + 1)))
         _fill_per_sample(t)
         search.shared["per_sample"] = t.ps
-    if t.ring is None:  # also: every group code's all-reduce constants
+    if t.ring is None:  # also: every group code's all-reduce constants, for the exact search (`group_ring`)
         full = np.array([len(c) for c in classes], dtype=np.int64)
-        t = t._replace(ring=np.zeros((int(np.prod(full + 1)), 3)))
-        _fill_ring(t.link_mbps, t.link_bps, t.latency, full, search.states()[1], t.ring)
-        search.shared["ring"] = t.ring
+        t = t._replace(ring=np.zeros((int(np.prod(full + 1)) if search.exact else 0, 3)))
+        if search.exact:
+            _fill_ring(t.link_mbps, t.link_bps, t.latency, full, search.states()[1], t.ring)
+        search.shared[("ring", search.exact)] = t.ring
     return t

@@ -1,5 +1,6 @@
-"""The compiled search's stage costs equal the cost model's to the last bit, and the compiled search plans what
-the exhaustive oracle does on clusters past the Python search's old reach."""
+"""The compiled search's stage costs equal the cost model's to the last bit, the compiled search plans what the
+exhaustive oracle does on clusters past the Python search's old reach, and a cluster of more distinct boards than a
+64-bit code of count vectors holds plans."""
 
 import itertools
 import math
@@ -9,7 +10,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from engine.planners import asteroid, stagecosts
+from engine.bench.planner import synthetic_workload
+from engine.devices import Cluster, Device
+from engine.planners import Problem, asteroid, stagecosts
+from engine.planners.common import memory_order
 from tests.engine.instances import random_problem, with_device_tables, with_the_oracle
 
 
@@ -103,3 +107,14 @@ def test_the_ordered_search_finds_the_optimum_of_its_space(monkeypatch):
         assert math.isclose(best.predicted.iteration_s, oracle.predicted.iteration_s, rel_tol=1e-9), seed
         compared += 1
     assert compared >= 25, compared
+
+
+def test_seventy_distinct_boards_plan_in_the_memory_order():
+    # one class a board: a mixed-radix code of every count vector would need 70 bits; the ordered search numbers a
+    # group by its size (stagecosts.group_code), so nothing overflows
+    cluster = Cluster(tuple(Device(f"d{i:02d}", "custom", 4.0 + 0.05 * i, 100.0 + 3 * i) for i in range(70)), name="70")
+    assert asteroid.search_size(cluster) > asteroid.EXACT_LIMIT
+    plan = asteroid.plan(Problem(synthetic_workload(20), cluster, 64, rank=False))
+    used = [s.name for st in plan.stages for s in st.devices]
+    assert used == [d.name for d in memory_order(cluster)][: len(used)]  # contiguous runs of the memory order
+    assert len(plan.stages) > 1 and plan.predicted.fits and plan.stages[-1].end == 20
