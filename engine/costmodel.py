@@ -41,7 +41,7 @@ from engine import schedule
 from engine.allocation import StageTerms, stage_time
 from engine.devices import LAYER_OVERHEAD_S, Cluster, Device
 from engine.errors import UserError
-from engine.plan import ALLREDUCE, OFF, Plan, Prediction, gradient_bits
+from engine.plan import ALLREDUCE, OFF, Plan, Prediction, Stage, gradient_bits
 
 # FLOP-equivalents to encode and decode one float when no measurement is at hand (about what this host measured).
 DEFAULT_CODEC_WORK = 50.0
@@ -261,6 +261,29 @@ def stage_terms(
     return StageTerms(fixed, per_sample, int(cap))
 
 
+def stage_terms_grid(w: Workload, cluster: Cluster, dev: Device, in_flight: int) -> tuple[np.ndarray, ...]:
+    """`stage_terms` (boundaries uncompressed) of every layer range at once: the fixed and per-sample seconds and the
+    sample cap, as (L + 1) x (L + 1) arrays indexed [i, j]; the same numbers where i < j, meaningless elsewhere."""
+    L = w.num_layers
+    i, j = np.ogrid[: L + 1, : L + 1]
+    fixed = 2 * (j - i) * LAYER_OVERHEAD_S + 2 * ((i > 0).astype(np.int64) + (j < L)) * cluster.latency_s
+    table = w._tables.get(dev.name)
+    prefix = np.asarray(table[2]) if table else w._work
+    compute = prefix[j] - prefix[i] if table else (prefix[j] - prefix[i]) / dev.flops_per_s
+    out = np.asarray(w.output_bytes, dtype=np.int64)
+    a_in = np.concatenate([[0], out])[i]  # the output of layer i - 1 (none before the first)
+    a_out = np.concatenate([[0], out[:-1], [0]])[j]  # the output of layer j - 1 (none after the last)
+    per = np.maximum(compute + (a_in + a_out) / (cluster.link_mbps_of(dev) * 1e6 / 8), 1e-15)
+    saved, static = np.asarray(w._saved, dtype=np.int64), np.asarray(w._static, dtype=np.int64)
+    peak = np.zeros((L + 1, L + 1), dtype=np.int64)
+    for a in range(L):  # the most of any layer of [a, b)
+        peak[a, a + 1 :] = np.maximum.accumulate(np.asarray(w.peak_bytes[a:], dtype=np.int64))
+    per_mem = in_flight * (saved[j] - saved[i]) + peak
+    free = dev.memory_bytes - (static[j] - static[i])
+    cap = np.where(free < 0, 0, np.where(per_mem > 0, free // np.maximum(per_mem, 1), 1 << 30))
+    return fixed, per, cap
+
+
 def device_memory(w: Workload, i: int, j: int, in_flight: int, samples: int) -> int:
     """Bytes a device uses running `samples` of each micro-batch through layers [i, j)."""
     return w.static_bytes(i, j) + samples * (in_flight * w.saved(i, j) + w.peak(i, j))
@@ -321,9 +344,10 @@ def delta_memory(plan: Plan, w: Workload) -> dict[str, int]:
     return held
 
 
-def score(plan: Plan, w: Workload, replicate_every: int = 0) -> Prediction:
+def score(plan: Plan, w: Workload, replicate_every: int = 0, memo: dict | None = None) -> Prediction:
     """Predicted iteration time, throughput, bubble fraction and memory of any plan (fits or not); with
-    `replicate_every` K > 0, the average iteration and the memory include replication (see the top)."""
+    `replicate_every` K > 0, the average iteration and the memory include replication (see the top). `memo`: a dict
+    shared by calls on plans of one workload and cluster, where a stage met before is not worked out again."""
     plan.validate(w.num_layers)
     if plan.model != w.model:
         raise UserError(f"plan is for model {plan.model!r} but the workload is {w.model!r}")
@@ -332,14 +356,19 @@ def score(plan: Plan, w: Workload, replicate_every: int = 0) -> Prediction:
     for p, st in enumerate(plan.stages):
         held = schedule.in_flight(S, M, p, plan.schedule)
         levels = (plan.level(p - 1) if p else OFF, plan.level(p))
-        terms = [stage_terms(w, cluster, cluster.device(s.name), st.start, st.end, held, levels) for s in st.devices]
-        times.append(stage_time(terms, [s.samples for s in st.devices]))
-        names = tuple(d.name for d in st.devices)
-        reduces.append(allreduce_s(w, cluster, st.start, st.end, len(st.devices), plan.allreduce, names))
-        for t, s in zip(terms, st.devices):
-            memory[s.name] = device_memory(w, st.start, st.end, held, s.samples)
-            fits &= memory[s.name] <= cluster.device(s.name).memory_bytes
-            busy += M * (t.fixed + s.samples * t.per_sample)
+        key = ("score", st, held, levels, plan.allreduce)
+        found = None if memo is None else memo.get(key)
+        if found is None:
+            found = _stage_score(plan, w, st, held, levels)
+            if memo is not None:
+                memo[key] = found
+        time, reduce, used, stage_fits, works = found
+        times.append(time)
+        reduces.append(reduce)
+        memory.update(used)
+        fits &= stage_fits
+        for work in works:
+            busy += M * work
     total = iteration_time(times, reduces, M)
     for name, extra in delta_memory(plan, w).items():
         memory[name] += extra
@@ -351,6 +380,22 @@ def score(plan: Plan, w: Workload, replicate_every: int = 0) -> Prediction:
         fits = all(b <= cluster.device(n).memory_bytes for n, b in memory.items())
     bubble = 1 - busy / (len(memory) * total)
     return Prediction(total, plan.batch_size / total, bubble, memory, fits)
+
+
+def _stage_score(plan: Plan, w: Workload, st: Stage, held: int, levels: tuple[int, int]) -> tuple:
+    """`score`'s part of one stage: (time, all-reduce, each device's bytes, whether they fit, each device's seconds a
+    micro-batch)."""
+    cluster = plan.cluster
+    terms = [stage_terms(w, cluster, cluster.device(s.name), st.start, st.end, held, levels) for s in st.devices]
+    names = tuple(d.name for d in st.devices)
+    used = {s.name: device_memory(w, st.start, st.end, held, s.samples) for s in st.devices}
+    return (
+        stage_time(terms, [s.samples for s in st.devices]),
+        allreduce_s(w, cluster, st.start, st.end, len(st.devices), plan.allreduce, names),
+        used,
+        all(used[n] <= cluster.device(n).memory_bytes for n in names),
+        [t.fixed + s.samples * t.per_sample for t, s in zip(terms, st.devices)],
+    )
 
 
 def ideal_throughput(w: Workload, cluster: Cluster) -> float:

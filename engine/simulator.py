@@ -55,12 +55,19 @@ class Simulation:
 
 
 def simulate(
-    plan: Plan, w: Workload, replicate: bool = False, timeline: bool = True, *, known: tuple | None = None
+    plan: Plan,
+    w: Workload,
+    replicate: bool = False,
+    timeline: bool = True,
+    *,
+    known: tuple | None = None,
+    memo: dict | None = None,
 ) -> Simulation:
     """One iteration of `plan`; `timeline` False leaves the events out (the planners need only the times).
-    `known`: the plan's (`score`, `device_steps`), where the caller has them already."""
+    `known`: the plan's (`score`, `device_steps`), where the caller has them already; else worked out with `memo`
+    (`device_steps`')."""
     # score validates the plan and gives memory and the closed form
-    prediction, steps = known if known is not None else (score(plan, w), device_steps(plan, w))
+    prediction, steps = known if known is not None else (score(plan, w, memo=memo), device_steps(plan, w, memo))
     S, M = len(plan.stages), plan.micro_batches
     kinds, mbs = stage_codes(plan, steps)
     split = plan.schedule != "1f1b"

@@ -66,55 +66,71 @@ def overlaps(lo: int, hi: int, theirs: list[tuple[str, int, int]]) -> list[tuple
     return [(name, max(lo, a), min(hi, b)) for name, a, b in theirs if min(hi, b) > max(lo, a)]
 
 
-def device_steps(plan: Plan, w: Workload) -> dict[str, DeviceSteps]:
-    """Every device's steps, by name, in plan order."""
-    cluster, S = plan.cluster, len(plan.stages)
+def device_steps(plan: Plan, w: Workload, memo: dict | None = None) -> dict[str, DeviceSteps]:
+    """Every device's steps, by name, in plan order. `memo`: a dict shared by calls on plans of one workload and
+    cluster (a planner's candidates, most a move apart): a stage met before with the same layers, shares,
+    neighbours' shares, boundary levels, all-reduce format and schedule kind is not worked out again."""
+    S = len(plan.stages)
     ranges = [slices(st) for st in plan.stages]
     out = {}
     for s, st in enumerate(plan.stages):
-        a_in, a_out = w.boundary_bytes(st.start, st.end)
-        b_in, b_out = (plan.level(s - 1) if s else OFF), plan.level(s)
-        layers = st.end - st.start
-        names = tuple(d.name for d in st.devices)
-        reduce = allreduce_s(w, cluster, st.start, st.end, len(st.devices), plan.allreduce, names)
-
-        def moves(name: str, lo: int, hi: int, other: int, nbytes: float) -> tuple[Transfer, ...]:
-            if not 0 <= other < S:
-                return ()
-            return tuple(
-                Transfer(peer, a, b, link_s(cluster, (b - a) * nbytes, name, peer))  # at the slower end's rate
-                for peer, a, b in overlaps(lo, hi, ranges[other])
-            )
-
-        stage: dict[str, dict] = {}  # each device's fields, until the stage's buckets are known
-        for name, lo, hi in ranges[s]:
-            dev, n = cluster.device(name), hi - lo
-            # Half of a compressed boundary's codec time falls in the forward (activations), half in the backward.
-            codec = (w.codec_s(dev, a_in / 4, b_in) + w.codec_s(dev, a_out / 4, b_out)) / 2
-            backward = layers * LAYER_OVERHEAD_S + n * (w.backward_s(dev, st.start, st.end) + codec)
-            stage[name] = dict(
-                name=name,
-                stage=s,
-                lo=lo,
-                hi=hi,
-                forward_s=layers * LAYER_OVERHEAD_S + n * (w.forward_s(dev, st.start, st.end) + codec),
-                backward_s=backward,
-                weight_s=backward if s == 0 else backward * w.weight_fraction(dev, st.start, st.end),
-                send_forward=moves(name, lo, hi, s + 1, a_out * b_out / OFF),
-                send_backward=moves(name, lo, hi, s - 1, a_in * gradient_bits(b_in) / OFF),
-                recv_forward=moves(name, lo, hi, s - 1, a_in * b_in / OFF),
-                recv_backward=moves(name, lo, hi, s + 1, a_out * gradient_bits(b_out) / OFF),
-                allreduce_s=reduce,
-            )
-        # the last gradient step: the last micro-batch's W under a zero-bubble schedule, else its backward
-        split = plan.schedule != "1f1b"
-        last = [(stage[name]["weight_s"] if split else stage[name]["backward_s"], name) for name in names]
-        step_s, slowest = max(last)
-        buckets = stage_buckets(w, cluster, cluster.device(slowest), st.start, st.end, names, plan.allreduce,
-                                step_s, weights_only=split and s > 0)  # fmt: skip
-        for name in names:
-            out[name] = DeviceSteps(**stage[name], buckets=buckets)
+        before = (plan.stages[s - 1].devices, plan.level(s - 1)) if s else None
+        after = plan.stages[s + 1].devices if s + 1 < S else None
+        key = ("steps", s, st, before, after, plan.level(s), plan.allreduce, plan.schedule != "1f1b")
+        found = None if memo is None else memo.get(key)
+        if found is None:
+            found = _stage_steps(plan, w, s, ranges)
+            if memo is not None:
+                memo[key] = found
+        for d in found:
+            out[d.name] = d
     return out
+
+
+def _stage_steps(plan: Plan, w: Workload, s: int, ranges: list[list[tuple[str, int, int]]]) -> list[DeviceSteps]:
+    """The steps of stage s's devices (`ranges`: every stage's `slices`)."""
+    cluster, S, st = plan.cluster, len(plan.stages), plan.stages[s]
+    a_in, a_out = w.boundary_bytes(st.start, st.end)
+    b_in, b_out = (plan.level(s - 1) if s else OFF), plan.level(s)
+    layers = st.end - st.start
+    names = tuple(d.name for d in st.devices)
+    reduce = allreduce_s(w, cluster, st.start, st.end, len(st.devices), plan.allreduce, names)
+
+    def moves(name: str, lo: int, hi: int, other: int, nbytes: float) -> tuple[Transfer, ...]:
+        if not 0 <= other < S:
+            return ()
+        return tuple(
+            Transfer(peer, a, b, link_s(cluster, (b - a) * nbytes, name, peer))  # at the slower end's rate
+            for peer, a, b in overlaps(lo, hi, ranges[other])
+        )
+
+    stage: dict[str, dict] = {}  # each device's fields, until the stage's buckets are known
+    for name, lo, hi in ranges[s]:
+        dev, n = cluster.device(name), hi - lo
+        # Half of a compressed boundary's codec time falls in the forward (activations), half in the backward.
+        codec = (w.codec_s(dev, a_in / 4, b_in) + w.codec_s(dev, a_out / 4, b_out)) / 2
+        backward = layers * LAYER_OVERHEAD_S + n * (w.backward_s(dev, st.start, st.end) + codec)
+        stage[name] = dict(
+            name=name,
+            stage=s,
+            lo=lo,
+            hi=hi,
+            forward_s=layers * LAYER_OVERHEAD_S + n * (w.forward_s(dev, st.start, st.end) + codec),
+            backward_s=backward,
+            weight_s=backward if s == 0 else backward * w.weight_fraction(dev, st.start, st.end),
+            send_forward=moves(name, lo, hi, s + 1, a_out * b_out / OFF),
+            send_backward=moves(name, lo, hi, s - 1, a_in * gradient_bits(b_in) / OFF),
+            recv_forward=moves(name, lo, hi, s - 1, a_in * b_in / OFF),
+            recv_backward=moves(name, lo, hi, s + 1, a_out * gradient_bits(b_out) / OFF),
+            allreduce_s=reduce,
+        )
+    # the last gradient step: the last micro-batch's W under a zero-bubble schedule, else its backward
+    split = plan.schedule != "1f1b"
+    last = [(stage[name]["weight_s"] if split else stage[name]["backward_s"], name) for name in names]
+    step_s, slowest = max(last)
+    buckets = stage_buckets(w, cluster, cluster.device(slowest), st.start, st.end, names, plan.allreduce, step_s,
+                            weights_only=split and s > 0)  # fmt: skip
+    return [DeviceSteps(**stage[name], buckets=buckets) for name in names]
 
 
 def stage_actions(plan: Plan, steps: dict[str, DeviceSteps]) -> dict[int, list[Action]]:

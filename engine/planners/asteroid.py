@@ -295,14 +295,15 @@ def _rank(
                 continue
             if other.predicted.fits and (other.micro_batches, other.stages) not in found:
                 ranked.append(replace(other, method="asteroid"))
-    fastest = fastest_few(ranked, problem.workload, problem.schedules, REFINED)
+    w = problem.workload
+    memo: dict = {}  # the stages the simulations below worked out (costmodel.score, steps.device_steps)
+    fastest = fastest_few(ranked, w, problem.schedules, REFINED, memo)
     if not (problem.refine and fastest[0].predicted.fits and near):  # refined where ranked: small enough to simulate
         return fastest[0]
-    w = problem.workload
     seen: dict = {}
-    cut = [refine(p, w, cuts_only=True, seen=seen) for p in fastest if p.predicted.fits]
+    cut = [refine(p, w, cuts_only=True, seen=seen, memo=memo) for p in fastest if p.predicted.fits]
     chosen = min(cut, key=lambda p: p.predicted.simulated_s)  # the first on a tie
-    return scheduled(refine(chosen, w, seen=seen), w, problem.schedules)
+    return scheduled(refine(chosen, w, seen=seen, memo=memo), w, problem.schedules, memo)
 
 
 def _optimise(problem: Problem, searches: list[_Search], progress: bool, upper: float | None = None) -> tuple:

@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from engine.allocation import StageTerms, allocate
-from engine.costmodel import allreduce_s, stage_terms
+from engine.costmodel import allreduce_s, stage_terms, stage_terms_grid
 from engine.devices import Device
 from engine.plan import Plan, Share, Stage
 from engine.planners.common import NoFeasiblePlan, Problem, best_plan, finish, memory_order
@@ -89,25 +89,16 @@ def ftpipehd(problem: Problem) -> Plan:
     devices = sorted(memory_order(cluster)[: min(L, len(cluster.devices))], key=lambda d: -d.memory_bytes)
     S = len(devices)
     # A device's terms are those of every device of its class (`device_classes`), and the same for every micro-batch
-    # count but where that count caps the micro-batches in flight: per (class, in flight), each layer range's once.
+    # count but where that count caps the micro-batches in flight: per (class, in flight), every layer range's at once.
     classes = [(d.spec, w.table_key(d)) for d in devices]
     terms: dict[tuple, tuple[np.ndarray, ...]] = {}
-    upper = np.triu(np.ones((L + 1, L + 1), dtype=bool), 1)
 
-    def ranges(s: int, in_flight: int, lo: int, hi: int) -> tuple[np.ndarray, ...]:
-        """Device s's fixed and per-sample seconds and sample cap as [i, j] arrays, filled for lo <= i < j <= hi."""
+    def ranges(s: int, in_flight: int) -> tuple[np.ndarray, ...]:
+        """Device s's fixed and per-sample seconds and sample cap as [i, j] arrays (`costmodel.stage_terms_grid`)."""
         key = (classes[s], in_flight)
         if key not in terms:
-            terms[key] = (np.zeros((L + 1, L + 1)), np.zeros((L + 1, L + 1)), np.zeros((L + 1, L + 1)),
-                          np.zeros((L + 1, L + 1), dtype=bool))  # fmt: skip
-        fixed, per, cap, known = terms[key]
-        need = upper.copy()
-        need[:lo], need[:, hi + 1 :] = False, False
-        for i, j in np.argwhere(need & ~known).tolist():
-            t = stage_terms(w, cluster, devices[s], i, j, in_flight)
-            fixed[i, j], per[i, j], cap[i, j] = t.fixed, t.per_sample, t.cap
-        known |= need
-        return fixed, per, cap
+            terms[key] = stage_terms_grid(w, cluster, devices[s], in_flight)
+        return terms[key]
 
     def build(M: int):
         m = problem.batch_size // M
@@ -116,7 +107,7 @@ def ftpipehd(problem: Problem) -> Plan:
         cut = np.zeros((S + 1, L + 1), dtype=np.int64)
         best[0, 0] = 0.0
         for s in range(1, S + 1):
-            fixed, per, cap = ranges(s - 1, min(S - s + 1, M), s - 1, L - (S - s))
+            fixed, per, cap = ranges(s - 1, min(S - s + 1, M))
             cost = np.where(cap >= m, fixed + m * per, math.inf)
             for j in range(s, L - (S - s) + 1):
                 v = np.maximum(best[s - 1, s - 1 : j], cost[s - 1 : j, j])

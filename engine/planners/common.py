@@ -89,19 +89,20 @@ def finish(problem: Problem, method: str, micro_batches: int, stages: list[Stage
     return plan.with_prediction(score(plan, problem.workload))
 
 
-def simulated(plan: Plan, w: Workload) -> Plan:
-    """The plan with its prediction's `simulated_s`: one event-driven iteration (engine.simulator)."""
-    return plan.with_prediction(replace(plan.predicted, simulated_s=simulate(plan, w, timeline=False).iteration_s))
+def simulated(plan: Plan, w: Workload, memo: dict | None = None) -> Plan:
+    """The plan with its prediction's `simulated_s`: one event-driven iteration (engine.simulator; `memo`: its)."""
+    iteration_s = simulate(plan, w, timeline=False, memo=memo).iteration_s
+    return plan.with_prediction(replace(plan.predicted, simulated_s=iteration_s))
 
 
-def scheduled(plan: Plan, w: Workload, names: Iterable[str]) -> Plan:
+def scheduled(plan: Plan, w: Workload, names: Iterable[str], memo: dict | None = None) -> Plan:
     """The plan under whichever schedule of `names` simulates fastest and fits its devices' memory (a zero-bubble
-    one holds more activations), simulated; on a tie the earlier name."""
+    one holds more activations), simulated; on a tie the earlier name. `memo`: see `costmodel.score`."""
     tried = []
     for name in names:
         p = plan if name == plan.schedule and plan.predicted is not None else plan.with_schedule(name)
-        p = p if p.predicted is not None else p.with_prediction(score(p, w))
-        tried.append(p if p.predicted.simulated_s is not None else simulated(p, w))
+        p = p if p.predicted is not None else p.with_prediction(score(p, w, memo=memo))
+        tried.append(p if p.predicted.simulated_s is not None else simulated(p, w, memo))
     return min(tried, key=lambda p: (not p.predicted.fits, p.predicted.simulated_s))
 
 
@@ -111,19 +112,23 @@ def fastest_scheduled(plans: Iterable[Plan], w: Workload, names: Iterable[str]) 
     return fastest_few(plans, w, names, 1)[0]
 
 
-def fastest_few(plans: Iterable[Plan], w: Workload, names: Iterable[str], n: int) -> list[Plan]:
+def fastest_few(
+    plans: Iterable[Plan], w: Workload, names: Iterable[str], n: int, memo: dict | None = None
+) -> list[Plan]:
     """Of `plans`, each under its fastest schedule (`scheduled`), the `n` fastest, those that fit first, fastest
     first. A plan whose busiest device's compute alone (M x its forward and backward: no schedule is faster) is
     not below the n-th fastest that fits yet is not simulated; the plans are taken in order of that bound, so the
-    rest are skipped at once."""
+    rest are skipped at once. `memo`: see `costmodel.score`."""
     names = tuple(names)
-    bounded = sorted(((busy_bound(p, w), k, p) for k, p in enumerate(plans)), key=lambda x: (x[0], x[1]))
+    bounded = sorted(
+        ((busy_bound(p, w, device_steps(p, w, memo)), k, p) for k, p in enumerate(plans)), key=lambda x: (x[0], x[1])
+    )
     found: list[Plan] = []
     for bound, _, p in bounded:
         fitting = [q for q in found if q.predicted.fits]
         if len(fitting) >= n and bound >= fitting[n - 1].predicted.simulated_s:
             break
-        found.append(scheduled(p, w, names))
+        found.append(scheduled(p, w, names, memo))
         found.sort(key=lambda q: (not q.predicted.fits, q.predicted.simulated_s))  # stable: earlier wins a tie
     return found[:n]
 

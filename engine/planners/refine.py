@@ -36,15 +36,22 @@ class _Known:
 
 
 def refine(
-    plan: Plan, w: Workload, budget: int = MAX_SIMULATIONS, cuts_only: bool = False, seen: dict | None = None
+    plan: Plan,
+    w: Workload,
+    budget: int = MAX_SIMULATIONS,
+    cuts_only: bool = False,
+    seen: dict | None = None,
+    memo: dict | None = None,
 ) -> Plan:
     """`plan` improved by single moves while one simulates faster (same schedule, same micro-batches); `cuts_only`:
     by moving its cuts alone (2 (S - 1) moves a round instead of dozens). `seen`: what earlier refinements of the
     same problem worked out per plan, to reuse (a round meets the move that undoes the last one, and a refinement
     after a cut-only one meets its last round's moves again); a plan met again counts against the budget as if
-    simulated again, so the result is the same with or without it."""
+    simulated again, so the result is the same with or without it. `memo`: the stages worked out before
+    (`costmodel.score`; a move changes one or two stages and their neighbours' sends)."""
     seen = {} if seen is None else seen
-    best = _simulated(plan, w)
+    memo = {} if memo is None else memo
+    best = _simulated(plan, w, memo)
     spent = 0
     while spent < budget:
         found = None
@@ -53,13 +60,13 @@ def refine(
                 break
             candidate = replace(best, stages=stages, predicted=None)
             if candidate not in seen:
-                seen[candidate] = _Known(score(candidate, w))
+                seen[candidate] = _Known(score(candidate, w, memo=memo))
             known = seen[candidate]
             if not known.prediction.fits:
                 continue
             beat = best.predicted.simulated_s * (1 - GAIN) if found is None else found[0]
             if known.bound is None:
-                known.steps = device_steps(candidate, w)
+                known.steps = device_steps(candidate, w, memo)
                 known.bound = busy_bound(candidate, w, known.steps)
             if known.bound >= beat:  # its busiest device alone takes longer: it cannot win
                 continue
@@ -77,11 +84,12 @@ def refine(
     return best
 
 
-def _simulated(plan: Plan, w: Workload) -> Plan:
+def _simulated(plan: Plan, w: Workload, memo: dict) -> Plan:
     if plan.predicted is not None and plan.predicted.simulated_s is not None:
         return plan
-    prediction = plan.predicted or score(plan, w)
-    return plan.with_prediction(replace(prediction, simulated_s=simulate(plan, w, timeline=False).iteration_s))
+    prediction = plan.predicted or score(plan, w, memo=memo)
+    iteration_s = simulate(plan, w, timeline=False, memo=memo).iteration_s
+    return plan.with_prediction(replace(prediction, simulated_s=iteration_s))
 
 
 def moves(stages: tuple[Stage, ...], cuts_only: bool = False) -> Iterator[tuple[Stage, ...]]:

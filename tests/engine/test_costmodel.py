@@ -17,11 +17,12 @@ from engine.costmodel import (
     replication_s,
     score,
     stage_terms,
+    stage_terms_grid,
 )
 from engine.devices import LAYER_OVERHEAD_S, Cluster, Device, load_cluster
 from engine.errors import UserError
 from engine.plan import Plan
-from tests.engine.instances import layered_workload, random_workload
+from tests.engine.instances import layered_workload, random_cluster, random_workload
 from tests.engine.runtime.helpers import make_plan
 
 
@@ -143,6 +144,27 @@ def test_stage_cap_is_the_most_samples_that_fit():
                     assert device_memory(w, i, j, k, cap) <= dev.memory_bytes
                     assert device_memory(w, i, j, k, cap + 1) > dev.memory_bytes
     assert checked > 50
+
+
+def test_the_grid_of_stage_terms_is_stage_terms_at_every_layer_range():
+    rng = random.Random(5)
+    checked = capped = 0
+    for seed in range(4):
+        w = layered_workload(rng, 9, act_scale=[1.0, 40.0][seed % 2], param_scale=[1.0, 0.3][seed % 2])
+        cluster = random_cluster(rng, 4)
+        d0 = cluster.devices[0]  # a device with measured-like times of its own
+        w = w.with_device_times({d0.name: ([f / d0.flops_per_s * rng.uniform(0.5, 2) for f in w.forward_flops],
+                                           [b / d0.flops_per_s for b in w.backward_flops])})  # fmt: skip
+        for dev in cluster.devices:
+            for in_flight in (1, 3):
+                fixed, per, cap = stage_terms_grid(w, cluster, dev, in_flight)
+                for i in range(9):
+                    for j in range(i + 1, 10):
+                        t = stage_terms(w, cluster, dev, i, j, in_flight)
+                        assert (fixed[i, j], per[i, j], cap[i, j]) == (t.fixed, t.per_sample, t.cap), (dev, i, j)
+                        checked += 1
+                        capped += t.cap == 0
+    assert checked == 4 * 4 * 2 * 45 and capped > 0  # some ranges fit no sample at all
 
 
 def test_plan_over_memory_is_scored_with_fits_false():

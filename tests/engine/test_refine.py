@@ -8,6 +8,7 @@ from engine.devices import load_cluster
 from engine.planners import Problem, make_plan
 from engine.planners.refine import GAIN, moves, refine
 from engine.simulator import simulate
+from engine.steps import device_steps
 from tests.engine.instances import layered_workload, solved_instance
 
 
@@ -109,3 +110,22 @@ def test_what_refinements_have_seen_is_reused_and_changes_nothing(monkeypatch):
         assert shared == alone and shared.predicted == alone.predicted
         # the full refinement meets the cut-only one's last round again: never simulated twice
         assert len(calls) < fresh or fresh == 0
+
+
+def test_what_one_plans_stages_worked_out_serves_another_unchanged():
+    # the memo a ranking and its refinements share: every plan a move away, under every schedule, scored and
+    # stepped with it as without it
+    checked = 0
+    for _seed, problem in list(cells())[:4]:
+        w = problem.workload
+        memo: dict = {}
+        start = make_plan("asteroid", replace(problem, refine=False))
+        for stages in [start.stages, *moves(start.stages)]:
+            for name in ("1f1b", "zb-h2"):
+                p = replace(start, stages=stages, predicted=None).with_schedule(name)
+                assert score(p, w, memo=memo) == score(p, w)
+                assert device_steps(p, w, memo) == device_steps(p, w)
+                assert simulate(p, w, memo=memo) == simulate(p, w)
+                checked += 1
+        assert any(key[0] == "steps" for key in memo) and any(key[0] == "score" for key in memo)
+    assert checked > 40
