@@ -90,10 +90,12 @@ RANK_SEARCH_LIMIT = 200
 # Exact searches larger than this are bounded from above by the ordered search's optimum first (`plan`).
 ORDERED_FIRST = 1000
 THREADS = min(8, os.cpu_count() or 1)  # micro-batch counts searched at once
-# Each round of the leading count first searches keeping this many entries of each state's front: a plan within about
-# 1 % of the optimum (64 and 128 boards x 200 layers) at a fraction of the exact search's cost, whose time then bounds
-# the exact round. An exact round costs more the further its bound is above the optimum (64 x 200: 0.25 s at the
-# optimum, 0.45 s 2 % above it, 2.2 s 10 % above it).
+# Each round of the ordered search's leading count first searches keeping this many entries of each state's front: a
+# plan within about 1 % of the optimum (64 and 128 boards x 200 layers) at a fraction of the full round's cost, whose
+# time then bounds the full round. A full round costs more the further its bound is above the optimum (64 x 200: 0.25 s
+# at the optimum, 0.45 s 2 % above it, 2.2 s 10 % above it). The exact search's rounds go without: there the bounding
+# passes, which a beam does not shorten, take most of a round (16 x 100 bounded by the ordered optimum, 6 % above its
+# own: 0.21 s whole, 0.20 s with a beam of 16, then 0.10 s more for the round at that plan's time).
 BEAM = 16
 
 
@@ -310,8 +312,9 @@ def _optimise(problem: Problem, searches: list[_Search], progress: bool, upper: 
     """The best (time, search, layout) over every micro-batch count, in rounds of loosening bounds (`upper`: the time
     of a plan known to be in the search's space that fits, which bounds the rounds from above).
 
-    A round of the leading count first runs a search that keeps BEAM entries per state: when that finds a plan, the
-    exact round is bounded by its time, about 1 % above the optimum, instead of by the round's bound. A re-plan
+    In the ordered search, a round of the leading count first runs a search that keeps BEAM entries per state: when
+    that finds a plan, the full round is bounded by its time, about 1 % above the optimum, instead of by the round's
+    bound. A re-plan
     (`problem.previous`) first bounds the leading count by about the previous plan's time (`_first_guess`), where the
     new optimum usually is within a few per cent, and then loosens by NEAR_GROWTH up to LEAD_GROWTH above it. Past
     that it steps on as any search does."""
@@ -341,7 +344,7 @@ def _optimise(problem: Problem, searches: list[_Search], progress: bool, upper: 
         else:
             bound = lo * (hi / lo) ** STEP
         label = f"planning, round {rounds}: iterations <= {bound:.3g} s"
-        if pool is not searches:  # the leading count: a cheap search that keeps BEAM entries a state first
+        if pool is not searches and not pool[0].exact:  # the ordered search's leading count: a beam search first
             sketch = pool[0].run(bound / pool[0].M, relaxed=True, beam=BEAM)
             # the exact search with that plan's time as its bound finds the optimum (unless the plan does not fit the
             # real memory: a round up to lo found none that does, so a sketch within lo is of no use)
