@@ -2,12 +2,14 @@
 start/serve/stop cycle."""
 
 import os
+import queue
 import random
 import re
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -142,14 +144,22 @@ def test_serves_starts_a_killed_child_again_then_stops_everything_on_sigterm(tmp
         stderr=subprocess.STDOUT,
         text=True,
     )
+    printed: queue.Queue = queue.Queue()  # the launcher's lines (its children's logs among them), read as they come
+    reader = threading.Thread(target=lambda: [printed.put(line) for line in launcher.stdout], daemon=True)
+    reader.start()
+    lines: list[str] = []
+
+    def read_until(text: str, seconds: float) -> str:
+        deadline = time.monotonic() + seconds
+        while not any(text in line for line in lines) and time.monotonic() < deadline:
+            try:
+                lines.append(printed.get(timeout=0.5))
+            except queue.Empty:
+                pass
+        return "".join(lines)
+
     try:
-        lines = []
-        deadline = time.monotonic() + 60
-        for line in launcher.stdout:  # the launcher prints the URL once daphne accepts connections
-            lines.append(line)
-            if "Press Ctrl-C to stop." in line or time.monotonic() > deadline:
-                break
-        output = "".join(lines)
+        output = read_until("Press Ctrl-C to stop.", 60)  # the launcher prints the URL once daphne accepts connections
         assert f"Asteroid is running at http://127.0.0.1:{port}/" in output, output
         password = re.search(r"log in as admin / (\S+)", output).group(1)
         assert re.search(r"Redis: redis://127\.0\.0\.1:\d+/0 \(embedded", output)
@@ -168,6 +178,9 @@ def test_serves_starts_a_killed_child_again_then_stops_everything_on_sigterm(tmp
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/accounts/login/", timeout=10) as page:
             assert b'name="password"' in page.read()
         assert len(password) >= 16
+        # the coordinators process loads the planner at its start, not at a job's first re-plan after a lost device
+        output = read_until("coordinators: the planner's compiled search is loaded", 60)
+        assert "coordinators: the planner's compiled search is loaded" in output, output
 
         # a child killed from outside (the OOM killer, an operator's kill -9) is started again; the site serves on
         by_name = {name_of(pid): pid for pid in children}
@@ -192,7 +205,11 @@ def test_serves_starts_a_killed_child_again_then_stops_everything_on_sigterm(tmp
                 time.sleep(0.5)
     finally:
         launcher.send_signal(signal.SIGTERM)
-        rest, _ = launcher.communicate(timeout=60)
+        launcher.wait(timeout=60)
+        reader.join(10)
+        while not printed.empty():
+            lines.append(printed.get())
+        rest = "".join(lines)
     assert launcher.returncode == 0, rest
     assert "warning: coordinators was killed (SIGKILL); started it again" in rest
     assert "warning: daphne was killed (SIGKILL); started it again" in rest
