@@ -64,8 +64,8 @@ def simulate(
     memo: dict | None = None,
 ) -> Simulation:
     """One iteration of `plan`; `timeline` False leaves the events out (the planners need only the times).
-    `known`: the plan's (`score`, `device_steps`), where the caller has them already; else worked out with `memo`
-    (`device_steps`')."""
+    `known`: the plan's (`score`, `device_steps`), where the caller has them already; else they are worked out, with
+    `memo` (see `steps.device_steps`)."""
     # score validates the plan and gives memory and the closed form
     prediction, steps = known if known is not None else (score(plan, w, memo=memo), device_steps(plan, w, memo))
     S, M = len(plan.stages), plan.micro_batches

@@ -314,10 +314,9 @@ def _optimise(problem: Problem, searches: list[_Search], progress: bool, upper: 
 
     In the ordered search, a round of the leading count first runs a search that keeps BEAM entries per state: when
     that finds a plan, the full round is bounded by its time, about 1 % above the optimum, instead of by the round's
-    bound. A re-plan
-    (`problem.previous`) first bounds the leading count by about the previous plan's time (`_first_guess`), where the
-    new optimum usually is within a few per cent, and then loosens by NEAR_GROWTH up to LEAD_GROWTH above it. Past
-    that it steps on as any search does."""
+    bound. A re-plan (`problem.previous`) first bounds the leading count by about the previous plan's time
+    (`_first_guess`), where the new optimum usually is within a few per cent, and then loosens by NEAR_GROWTH up to
+    LEAD_GROWTH above it. Past that it steps on as any search does."""
     # A round searches for plans with T <= bound; the best plan of the first round that finds any is optimal, as
     # every better plan was inside the bound too. Total work over total speed bounds T from below; data
     # parallelism, when it fits, from above. Step between them geometrically, close to the lower bound: a round
@@ -346,7 +345,7 @@ def _optimise(problem: Problem, searches: list[_Search], progress: bool, upper: 
         label = f"planning, round {rounds}: iterations <= {bound:.3g} s"
         if pool is not searches and not pool[0].exact:  # the ordered search's leading count: a beam search first
             sketch = pool[0].run(bound / pool[0].M, relaxed=True, beam=BEAM)
-            # the exact search with that plan's time as its bound finds the optimum (unless the plan does not fit the
+            # the full search with that plan's time as its bound finds the optimum (unless the plan does not fit the
             # real memory: a round up to lo found none that does, so a sketch within lo is of no use)
             if sketch is not None and sketch[0] > lo:
                 bound = sketch[0]

@@ -90,7 +90,8 @@ def finish(problem: Problem, method: str, micro_batches: int, stages: list[Stage
 
 
 def simulated(plan: Plan, w: Workload, memo: dict | None = None) -> Plan:
-    """The plan with its prediction's `simulated_s`: one event-driven iteration (engine.simulator; `memo`: its)."""
+    """The plan with its prediction's `simulated_s`: one event-driven iteration (engine.simulator). `memo`: see
+    `costmodel.score`."""
     iteration_s = simulate(plan, w, timeline=False, memo=memo).iteration_s
     return plan.with_prediction(replace(plan.predicted, simulated_s=iteration_s))
 
