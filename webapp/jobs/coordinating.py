@@ -401,20 +401,6 @@ class _Stop(Exception):
     pass
 
 
-def _load_planner() -> None:
-    """Load the planner's compiled search and the simulator's loops (numba's cache) while nothing waits for them: a
-    job's first re-plan after a lost device in this process took 1.1 s with them to load, 0.05 s after."""
-    from engine.planners import kernel
-
-    started = time.monotonic()
-    try:
-        kernel.warm()
-    except Exception:  # re-plans load it themselves then
-        log.exception("coordinators: loading the planner")
-        return
-    log.info("coordinators: the planner's compiled search is loaded (%.1f s)", time.monotonic() - started)
-
-
 def serve(store_port: int | None = None) -> int:
     """The coordinators process: until SIGINT or SIGTERM. `store_port`: its store gateway's (default
     ASTEROID_STORE_PORT; each of several coordinators processes on one host needs its own)."""
@@ -437,7 +423,6 @@ def serve(store_port: int | None = None) -> int:
         return 1
     coordinators = Coordinators()
     log.info("coordinators: serving (jobs' store gateway on %s:%s)", settings.ASTEROID_HOST, gateway.port)
-    threading.Thread(target=_load_planner, name="planner-load", daemon=True).start()
     try:
         while True:
             woke = time.monotonic()
