@@ -159,6 +159,31 @@ class DeviceJoined(Event):
 
 
 @dataclass(frozen=True)
+class DeviceStandby(Event):
+    """A device of the run that the new plan leaves out although nobody asked it to leave: the re-plan on the
+    devices there are found no faster plan that uses it. It hands over its layers (if it held any) and stands by:
+    every later re-plan may take it again."""
+
+    TYPE = "device-standby"
+    SENT_BY, LOG, CHANGE = "coordinator", "info", True
+
+    device: str
+    iteration: int  # the last iteration it took part in (1-based; 0 if it never trained in this stint)
+    planned_on: int  # how many devices the new plan uses
+    generation: int = 0
+
+    def line(self) -> str:
+        return (
+            f"device {self.device} stands by after iteration {self.iteration}: the re-plan found no faster plan that "
+            f"uses it (the new plan uses {self.planned_on} device{'s' if self.planned_on != 1 else ''}); it is "
+            "planned on again at the next change"
+        )
+
+    def mark(self) -> dict:
+        return {"x": self.iteration + 0.5, "text": f"{self.device} stands by", "tone": "info"}
+
+
+@dataclass(frozen=True)
 class Repartition(Event):
     """Measured speeds drifted from the plan: `speeds` is each drifting device's measured slow-down factor;
     `refitted` the probed devices whose latency-predictor correction was refitted on their measured steps."""

@@ -20,6 +20,7 @@ A run's event stream is a sequence of messages, JSON-ready dicts with a `type`:
 | `recovered`    | coordinator                | the run is back to new iterations: what the recovery cost        |
 | `device-left`  | coordinator                | a device left gracefully at an iteration boundary                |
 | `device-joined`| coordinator                | a new device joined at an iteration boundary                     |
+| `device-standby`| coordinator               | a re-plan left a device out that nobody asked to leave           |
 | `repartition`  | coordinator                | measured speeds drifted from the plan's: re-planned on them      |
 
 `Event.to_message()` gives the message; `parse(message)` (or `Kind.from_message`) checks one, field by
@@ -46,6 +47,7 @@ from engine.changes import (
     DeviceJoined,
     DeviceLeft,
     DeviceLost,
+    DeviceStandby,
     Recovered,
     Repartition,
     Replan,
@@ -251,6 +253,7 @@ CATALOGUE: dict[str, type[Event]] = {
         Recovered,
         DeviceLeft,
         DeviceJoined,
+        DeviceStandby,
         Repartition,
     )  # fmt: skip
 }

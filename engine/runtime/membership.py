@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from engine.compression import parse_compression, plan_compression
 from engine.devices import Cluster, Device, get_kind
-from engine.events import DeviceJoined, DeviceLeft, DeviceLost, Replan, Replay
+from engine.events import DeviceJoined, DeviceLeft, DeviceLost, DeviceStandby, Replan, Replay
 from engine.plan import Plan
 from engine.planners import COMPARED, NoFeasiblePlan, Problem
 from engine.planners.levels import plan_compressed
@@ -90,6 +90,7 @@ class Membership:
         t = rollback_point(self.w.num_layers, copies)
         pieces = restore_pieces(plan, t, copies)
         nxt = self._generation(gen.number + 1, plan, t, pieces, _sources_outside(plan, pieces))
+        self._stand_by([n for n in survivors if n in gen.plan.device_names and n not in plan.device_names], t, nxt)
         self._announce(nxt, planning, reason)
         if t < interrupted + 1:
             self.emit(Replay(t + 1, interrupted + 1, nxt.number).to_message())
@@ -128,13 +129,17 @@ class Membership:
         return note + (f": continue with --resume {self.run_dir}" if resumable else "")
 
     def _standby(self, gen: Generation) -> list[str]:
-        """Devices of the cluster outside generation `gen` that may still be planned on (never lost, never left)."""
-        return [d.name for d in self.true_cluster.devices if d.name not in gen.ranks and d.name not in self.gone]
+        """Devices of the cluster outside generation `gen`'s plan that may still be planned on (never lost, never
+        asked to leave): some never were in a plan, some a re-plan left out (they may be handing over in `gen`)."""
+        return [
+            d.name for d in self.true_cluster.devices if d.name not in gen.plan.device_names and d.name not in self.gone
+        ]
 
     def _start_standby(self, gen: Generation, nxt: Generation) -> None:
-        """Start the processes of the devices the next plan takes from the standby ones."""
+        """Start the processes of the devices the next plan takes that do not train in `gen`: standby ones, and
+        ones that only hand over their layers in it (their process exits after that: a new one starts)."""
         for name in nxt.plan.device_names:
-            if name not in gen.ranks:
+            if name not in gen.plan.device_names:
                 self._spawn(name, nxt.number)
 
     def _fault_time(self, name: str) -> float:
@@ -190,18 +195,20 @@ class Membership:
         joining = [j for j in self.pending_join if j.iteration <= boundary]
         self.pending_join = [j for j in self.pending_join if j not in joining]
         names = [n for n in gen.plan.device_names if n not in leaving]
-        new = []
+        joined: dict[str, str] = {}  # every device asked to join: name -> kind
         for j in joining:
             if j.device is not None and j.device.name in {d.name for d in self.true_cluster.devices}:
-                self.gone.discard(j.device.name)  # a standby or earlier device: planned on again
-                continue
-            device = j.device or self._new_device(j.kind)
-            self.true_cluster = Cluster(
-                (*self.true_cluster.devices, device), self.true_cluster.bandwidth_mbps,
-                self.true_cluster.latency_ms, self.true_cluster.name,
-            )  # fmt: skip
-            new.append((device.name, device.kind))
-            names.append(device.name)
+                device = self.true_cluster.device(j.device.name)  # one that left, was lost or stood by, back
+                self.gone.discard(device.name)
+            else:
+                device = j.device or self._new_device(j.kind)
+                self.true_cluster = Cluster(
+                    (*self.true_cluster.devices, device), self.true_cluster.bandwidth_mbps,
+                    self.true_cluster.latency_ms, self.true_cluster.name,
+                )  # fmt: skip
+            joined[device.name] = device.kind
+            if device.name not in names:
+                names.append(device.name)
         standby = self._standby(gen)
         reason = "left" if leaving else "joined" if joining else "repartition" if self.repartition else "left"
         if reason == "repartition":
@@ -209,15 +216,22 @@ class Membership:
         self.repartition = None
         plan, planning = self._replan(names + [n for n in standby if n not in names], {})
         pieces = restore_pieces(plan, boundary, copies)
-        leaving = [*leaving, *(n for n in _sources_outside(plan, pieces) if n not in leaving)]
-        nxt = self._generation(gen.number + 1, plan, boundary, pieces, leaving)
+        outside = [n for n in _sources_outside(plan, pieces) if n not in leaving]
+        nxt = self._generation(gen.number + 1, plan, boundary, pieces, [*leaving, *outside])
         for name in leaving:
             self.emit(DeviceLeft(name, boundary, nxt.number).to_message())
-        for name, kind in new:
-            self.emit(DeviceJoined(name, kind, boundary, nxt.number).to_message())
+        for name, kind in joined.items():
+            if name in plan.device_names:
+                self.emit(DeviceJoined(name, kind, boundary, nxt.number).to_message())
+        self._stand_by([n for n in names if n not in plan.device_names], boundary, nxt)  # trained, or asked in
         self._start_standby(gen, nxt)
         self._announce(nxt, planning, reason)
         self._publish(nxt, {})
+
+    def _stand_by(self, names: list[str], iteration: int, nxt: Generation) -> None:
+        """Report the devices the plan of generation `nxt` leaves out although nobody asked them to leave."""
+        for name in names:
+            self.emit(DeviceStandby(name, iteration, len(nxt.plan.device_names), nxt.number).to_message())
 
     def _announce(self, nxt: Generation, planning_s: float, reason: str) -> None:
         """Report generation `nxt`'s plan (a `replan` event) and keep it in `plans`."""

@@ -753,7 +753,7 @@
   function onMembership(msg) {
     addMark(msg);
     if (msg.type === 'device-lost') setDeviceState(msg.device, 'lost');
-    if (msg.type === 'device-lost' || msg.type === 'device-left') setActions(msg.device, false);
+    if (['device-lost', 'device-left', 'device-standby'].indexOf(msg.type) >= 0) setActions(msg.device, false);
     drawLineCharts();
     refreshIdleDevices();
   }
@@ -850,6 +850,7 @@
     recovered: onMembership,
     'device-left': onMembership,
     'device-joined': onMembership,
+    'device-standby': onMembership,
     replan: onReplan,
   };
 

@@ -10,7 +10,7 @@ import pytest
 from django.utils import timezone
 
 from engine.errors import UserError
-from engine.events import DeviceLeft, DeviceLost, Eval, Recovered, Replan, Replay
+from engine.events import DeviceLeft, DeviceLost, DeviceStandby, Eval, Recovered, Replan, Replay
 from tests.webapp.test_agent_protocol import batch, talk
 from tests.webapp.test_sockets import enrolled, running_job
 from webapp.devices.models import Device
@@ -67,6 +67,19 @@ def test_a_device_that_left_is_freed_and_a_finished_job_is_not_revived(job):
     Job.objects.filter(pk=job.pk).update(status="cancelled")
     apply_event(job.pk, DeviceLost("tx2-0", 4, "died (SIGKILL)", 0.4, 0).to_message())
     assert Job.objects.get(pk=job.pk).status == "cancelled"
+
+
+def test_a_device_a_re_plan_leaves_out_stands_by_free_and_says_why(job):
+    """Issue 52, defect 2: a device the re-plan left out read "left ..., its layers handed over", with no reason."""
+    apply_event(job.pk, DeviceStandby("nx-0", 3, 1, 1).to_message())
+    assert JobDevice.objects.get(job=job, name="nx-0").state == "standby"
+    assert Device.objects.get(name="nx-0").job is None and Device.objects.get(name="nx-0").status == "online"
+    assert lines(job) == [
+        "device nx-0 stands by after iteration 3: the re-plan found no faster plan that uses it (the new plan uses "
+        "1 device); it is planned on again at the next change"
+    ]
+    sent("nx-0", {"type": "job-stopped", "device": "nx-0", "reason": "left"})  # its process exits after handing over
+    assert JobDevice.objects.get(job=job, name="nx-0").state == "standby"
 
 
 def sent(device: str, *events: dict, first: int = 1) -> None:

@@ -105,3 +105,20 @@ def test_iterations_and_epochs_both_given_is_an_error_naming_both(cluster_c):
     assert form.errors["epochs"] == [
         "Give iterations or epochs, not both (20 iterations and 2 epochs): empty one of them."
     ]
+
+
+def test_the_form_says_which_boards_are_emulated_and_refuses_a_mix_or_a_device_named_twice(cluster_c):
+    from webapp.devices.models import Device
+
+    Device.objects.create(name="board-0", kind="jetson-nano", status=Device.Status.ONLINE, measured={})
+    labels = dict(JobForm().fields["devices"].choices)
+    assert labels["nx-0"] == "nx-0 (Jetson Xavier NX, emulated, online)"
+    assert labels["board-0"] == "board-0 (Jetson Nano, real board, online)"
+    base = {**BODY, "model": "mobilenetv2", "dataset": "digits", "iterations": 20}
+    form = JobForm({**base, "devices": ["nx-0", "board-0"]})
+    assert form.errors["devices"] == [
+        "nx-0 is emulated and board-0 is real: they cannot share a run; pick devices of one kind"
+    ]
+    form = JobForm({**base, "devices": ["nx-0", "nx-0"]})
+    assert form.errors["devices"] == ["Each device once: nx-0 named more than once."]
+    assert JobForm({**base, "devices": ["nx-0", "tx2-0"]}).is_valid()

@@ -67,6 +67,33 @@ def test_planning_runs_once(bob, cluster_c, profile_cache):
     assert job.status == "planned" and job.progress == 1.0 and job.message.startswith("planned: ")
 
 
+def test_a_real_board_beside_emulated_ones_gets_a_plan_that_launches(bob, cluster_c, profile_cache):
+    """Issue 52, defect 3: with a real board enrolled beside the emulated cluster, a job naming no devices was
+    planned on all of them and its launch refused ("the plan mixes emulated and real devices")."""
+    from webapp.jobs.launching import launch
+    from webapp.jobs.models import JobEvent
+
+    Device.objects.create(name="board-0", kind="jetson-xavier-nx", status=Device.Status.ONLINE,
+                          last_heartbeat=timezone.now(), measured={"emulated": False})  # fmt: skip
+    job = Job.objects.create(owner=bob, model="mobilenetv2", batch_size=32, iterations=2)
+    assert plan_job(job.pk) == "planned"
+    job.refresh_from_db()
+    assert job.device_names == ["board-0"]  # the lab's real board, not a mix
+    logged = [e.data["message"] for e in JobEvent.objects.filter(job=job, type="log")]
+    assert any("not on the 6 emulated devices (emulated and real boards cannot share a run)" in m for m in logged)
+    launch(job)  # it launches: no mix
+    assert Job.objects.get(pk=job.pk).status == "running" and not Job.objects.get(pk=job.pk).emulated
+
+
+def test_devices_named_of_both_kinds_are_refused_at_planning(bob, cluster_c):
+    Device.objects.create(name="board-0", kind="jetson-nano", status=Device.Status.ONLINE, measured={})
+    job = Job.objects.create(owner=bob, model="mobilenetv2", batch_size=32, iterations=2,
+                             requested_devices=["nx-0", "board-0"])  # fmt: skip
+    assert plan_job(job.pk) == "failed"
+    job.refresh_from_db()
+    assert job.message == "nx-0 is emulated and board-0 is real: they cannot share a run; pick devices of one kind"
+
+
 def test_a_job_held_to_a_schedule_is_planned_and_run_under_it(bob, cluster_c, profile_cache):
     from webapp.jobs.coordinating import run_options
 

@@ -77,6 +77,17 @@ class Device(models.Model):
         return bool(self.credential_hash)
 
     @property
+    def emulated(self) -> bool:
+        """Its agent emulates a board (time dilation on this host) rather than being one: the two never share a run."""
+        return bool((self.measured or {}).get("emulated", False))
+
+    @property
+    def measured_memory_gb(self) -> float | None:
+        """The memory its agent found on its host (GB), when it reported it."""
+        value = (self.measured or {}).get("memory_bytes")
+        return value / 1e9 if isinstance(value, (int, float)) and value > 0 else None
+
+    @property
     def available(self) -> bool:
         """Online and idle: it can take a job."""
         return self.status == self.Status.ONLINE and self.job_id is None

@@ -79,7 +79,7 @@ def add_device(job: Job, name: str, user) -> JobAction:
         if not device.available:
             why = f"busy with job {device.job_id}" if device.job_id else device.status
             raise ActionError(f"device {name} is {why}: only an online, idle device can join a job")
-        if bool(device.measured.get("emulated", False)) != job.emulated:
+        if device.emulated != job.emulated:
             raise ActionError(f"device {name} is {'' if job.emulated else 'not '}real, the job's devices are "
                               f"{'emulated' if job.emulated else 'real'}: they cannot share a run")  # fmt: skip
         enlist(job.pk, device, JobDevice.objects.filter(job=job, name=name).first())

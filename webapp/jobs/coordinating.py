@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 
 WATCH_S = 0.5  # how often the process looks for new jobs, cancelled jobs and administrators' actions
 OFFLINE_CHECK_S = 1.0
-GONE = (JobDevice.State.LEFT, JobDevice.State.LOST, JobDevice.State.STOPPED)  # rows that must be claimed again
+GONE = (JobDevice.State.LEFT, JobDevice.State.LOST, JobDevice.State.STOPPED, JobDevice.State.STANDBY)  # claimed again
 SITE_STOPPING = "the site is stopping"  # a coordinator stopped for this leaves its job running: it resumes
 LEASE_LOST = "another coordinators process took the job over"  # (this one could not renew its lease in time)
 LEFT_RUNNING = (SITE_STOPPING, LEASE_LOST)

@@ -10,6 +10,7 @@ from engine.errors import UserError
 from engine.models import get_model, model_names
 from engine.runtime.options import RunOptions, settable
 from webapp.devices.models import Device
+from webapp.jobs.planning import unmixed
 from webapp.lib.fields import number, whole_number
 
 MAX_BATCH = 4096
@@ -43,7 +44,10 @@ class JobForm(forms.Form):
         "last one, which the plan's memory counts.",
     )
     devices = forms.MultipleChoiceField(
-        choices=[], required=False, widget=forms.CheckboxSelectMultiple, help_text="None ticked: every online device."
+        choices=[],
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
+        help_text="None ticked: every online, idle real board, else every emulated one (the two cannot share a run).",
     )
 
     def __init__(self, *args, **kwargs):
@@ -55,7 +59,8 @@ class JobForm(forms.Form):
             self.fields[name] = option_field(spec)
         self.order_fields(["model", "dataset", "batch_size", "iterations", "epochs", *settable()])
         self.fields["devices"].choices = [
-            (d.name, f"{d.name} ({d.get_kind_display()}, {d.status})") for d in Device.objects.all()
+            (d.name, f"{d.name} ({d.get_kind_display()}, {'emulated' if d.emulated else 'real board'}, {d.status})")
+            for d in Device.objects.all()
         ]
 
     def clean_compression(self):
@@ -93,7 +98,14 @@ class JobForm(forms.Form):
                 f"use a batch size of at most {EVAL_SAMPLES}, or 0 (never).",
             )
         names = data.get("devices") or []
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            self.add_error("devices", f"Each device once: {', '.join(twice)} named more than once.")
         candidates = Device.objects.filter(name__in=names) if names else Device.objects.all()
+        try:
+            unmixed(list(candidates) if names else [])
+        except UserError as exc:
+            self.add_error("devices", str(exc))
         if not any(d.available for d in candidates):
             self.add_error(
                 "devices" if names else None,

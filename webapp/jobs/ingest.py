@@ -183,7 +183,8 @@ def _apply(row: JobDevice, ev: dict) -> None:
     elif kind == "device-error":  # a lost peer: the run's coordinator ended it, or recovers from the loss
         said = job.status in Job.ACTIVE
     elif kind == "job-stopped":
-        unfinished = row.state not in (JobDevice.State.DONE, JobDevice.State.FAILED, JobDevice.State.LEFT)
+        ended = (JobDevice.State.DONE, JobDevice.State.FAILED, JobDevice.State.LEFT, JobDevice.State.STANDBY)
+        unfinished = row.state not in ended  # (the coordinator said a device left, or stands by, before it exits)
         if unfinished and ev["reason"] == "left":  # the coordinator let it go (a leave, a plan without it)
             _device_state(row, JobDevice.State.LEFT)
         elif unfinished and ev["reason"] != "cancelled" and job.status in Job.ACTIVE:

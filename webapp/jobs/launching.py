@@ -36,7 +36,7 @@ def launch(job: Job) -> None:
             if not device.available:
                 why = f"busy with job {device.job_id}" if device.job_id else device.status
                 raise LaunchError(f"device {name} is {why}; re-plan with other devices or wait")
-        emulated = {bool(devices[n].measured.get("emulated", False)) for n in names}
+        emulated = {devices[n].emulated for n in names}
         if len(emulated) > 1:
             raise LaunchError("the plan mixes emulated and real devices, which cannot share a run; re-plan")
         claimed = Job.objects.filter(pk=job.pk, status=Job.Status.PLANNED).update(

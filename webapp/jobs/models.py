@@ -207,6 +207,7 @@ class JobDevice(models.Model):
         STOPPED = "stopped"
         LOST = "lost"  # its process died or went silent; the job recovers without it
         LEFT = "left"  # it left gracefully (removed by an administrator); its layers were handed over
+        STANDBY = "standby"  # a re-plan left it out (no faster plan used it); free, planned on again at a change
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="devices")
     device = models.ForeignKey("devices.Device", null=True, on_delete=models.SET_NULL, related_name="+")

@@ -18,13 +18,18 @@ from webapp.devices.models import Device
 Progress = Callable[[float, str], None]
 
 
-def pick_devices(requested: list[str]) -> list[Device]:
-    """The devices a job asks for (all available ones when it names none); a UserError says what is wrong."""
+def pick_devices(requested: list[str]) -> list[list[Device]]:
+    """The sets of devices a job may be planned on, in order of preference; a UserError says what is wrong.
+    Emulated and real boards cannot share a run: a job that names devices names one kind; one that names none
+    is planned on the real boards that are online and idle, else (none, or they cannot hold the model) on the
+    emulated ones."""
     if not requested:
         devices = [d for d in Device.objects.all() if d.available]
         if not devices:
             raise UserError("no device is online and idle: start the device agents (make run starts emulated ones)")
-        return devices
+        real = [d for d in devices if not d.emulated]
+        emulated = [d for d in devices if d.emulated]
+        return [group for group in (real, emulated) if group]
     found = {d.name: d for d in Device.objects.filter(name__in=requested)}
     unknown = [n for n in requested if n not in found]
     if unknown:
@@ -32,7 +37,20 @@ def pick_devices(requested: list[str]) -> list[Device]:
     busy = [f"{d.name} ({'busy' if d.job_id else d.status})" for d in found.values() if not d.available]
     if busy:
         raise UserError(f"not online and idle: {', '.join(busy)}; pick other devices or wait")
-    return [found[n] for n in requested]
+    devices = [found[n] for n in requested]
+    unmixed(devices)
+    return [devices]
+
+
+def unmixed(devices: list[Device]) -> None:
+    """Refuse a set of devices that mixes emulated and real boards, naming which are which."""
+    emulated = [d.name for d in devices if d.emulated]
+    real = [d.name for d in devices if not d.emulated]
+    if emulated and real:
+        raise UserError(
+            f"{', '.join(emulated)} {'are' if len(emulated) > 1 else 'is'} emulated and {', '.join(real)} "
+            f"{'are' if len(real) > 1 else 'is'} real: they cannot share a run; pick devices of one kind"
+        )
 
 
 def plan_all(

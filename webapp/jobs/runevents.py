@@ -32,8 +32,9 @@ def apply_event(job_id: int, ev: dict) -> None:
         Job.objects.filter(pk=job.pk).update(plan=ev["plan"], generations=generations)
     elif kind == "recovered":
         move(job, Job.Status.RECOVERING, Job.Status.RUNNING, "training")
-    elif kind == "device-left":
-        device_state(job, ev["device"], JobDevice.State.LEFT)
+    elif kind in ("device-left", "device-standby"):
+        state = JobDevice.State.LEFT if kind == "device-left" else JobDevice.State.STANDBY
+        device_state(job, ev["device"], state)
         release(Device.objects.filter(name=ev["device"], job=job))
     if event.level() and event.line():
         job_log(job, event.line(), event.level())

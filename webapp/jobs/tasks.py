@@ -38,9 +38,7 @@ def plan_job(job_id: int) -> str:
     try:
         with planlease.renewing(job_id, owner):
             try:
-                devices = pick_devices(job.requested_devices)
-                result = plan_all(job.model, job.batch_size, devices, job.bandwidth_mbps, progress, job.compression,
-                                  job.option_values["schedule"], job.dataset)  # fmt: skip
+                result, skipped = _plan_first(job, pick_devices(job.requested_devices), progress)
             except UserError as exc:
                 planlease.report(job, owner, Job.Status.FAILED, str(exc), None, finished_at=timezone.now())
                 job_log(job, f"cannot plan: {exc}", "error")
@@ -60,8 +58,28 @@ def plan_job(job_id: int) -> str:
         log.info("job %s: no longer planned by this worker (cancelled, or planned again); left as it is", job_id)
         return "not ours"
     n = len(job.device_names)
-    job_log(job, f"planned on {n} device{'s' if n != 1 else ''}: {predicted:.1f} samples/s predicted")
+    job_log(job, f"planned on {n} device{'s' if n != 1 else ''}: {predicted:.1f} samples/s predicted{skipped}")
     return "planned"
+
+
+def _plan_first(job: Job, groups: list, progress) -> tuple[dict, str]:
+    """The plan on the first set of devices that can hold the job (webapp.jobs.planning.pick_devices: the real
+    boards, then the emulated ones), and what the log says of the sets it passed over; the first set's error when
+    none can."""
+    first: UserError | None = None
+    for k, devices in enumerate(groups):
+        try:
+            result = plan_all(job.model, job.batch_size, devices, job.bandwidth_mbps, progress, job.compression,
+                              job.option_values["schedule"], job.dataset)  # fmt: skip
+        except UserError as exc:
+            first = first or exc
+            continue
+        skipped = [f"the {len(g)} {'emulated' if g[0].emulated else 'real'} device{'s' if len(g) > 1 else ''}"
+                   for g in groups if g is not devices]  # fmt: skip
+        why = " (which cannot hold it)" if k else " (emulated and real boards cannot share a run)"
+        return result, f"; not on {' or '.join(skipped)}{why}" if skipped else ""
+    assert first is not None
+    raise first
 
 
 @shared_task(time_limit=60)
