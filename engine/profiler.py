@@ -295,7 +295,7 @@ def cached_profile(
     `kw` goes to `profile_model` (repeats, warmup). A corrupt or outdated cache file is re-profiled.
     """
     spec = get_model(name_or_spec) if isinstance(name_or_spec, str) else name_or_spec
-    path = cache_path(spec.name, micro_batch, optimizer, cache_dir)
+    path = cache_path(spec.cache_name, micro_batch, optimizer, cache_dir)
     if not refresh and path.is_file():
         try:
             cached = ModelProfile.from_dict(json.loads(path.read_text()))

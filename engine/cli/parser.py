@@ -84,6 +84,20 @@ _PIPELINE_ARGUMENTS = {
 }
 
 
+MODEL_HELP = (
+    "a model of the zoo (see `python -m engine models`), or your own module: FILE.py:FUNCTION, a function of no "
+    "arguments returning an nn.Module (with --input-shape or --seq-len)"
+)
+
+
+def _input_arguments(parser: argparse.ArgumentParser) -> None:
+    """The input of a user's module (FILE.py:FUNCTION): image-like tensors or token ids."""
+    parser.add_argument(
+        "--input-shape", metavar="C,H,W", help="your module takes float tensors of this shape per sample"
+    )
+    parser.add_argument("--seq-len", type=_positive_int, metavar="N", help="your module takes N token ids per sample")
+
+
 def _pipeline_arguments(parser: argparse.ArgumentParser, leave_out: tuple[str, ...] = ()) -> None:
     for flag, options in _PIPELINE_ARGUMENTS.items():
         if flag not in leave_out:
@@ -129,7 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
 
     p = sub.add_parser("plan", help="plan a model on a cluster and predict its throughput")
-    p.add_argument("--model", required=True, help="a model of the zoo (see `python -m engine models`)")
+    p.add_argument("--model", required=True, help=MODEL_HELP)
+    _input_arguments(p)
     p.add_argument("--cluster", type=_path, required=True, help="A, B, C, D or a cluster JSON file")
     p.add_argument("--batch-size", required=True, type=_positive_int, help="global batch size per iteration")
     p.add_argument("--method", default="asteroid", choices=[*PLANNERS, "all"], help="planner (default asteroid)")
@@ -150,7 +165,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Local run: --model and --cluster (planned with --method) or --plan, usually with --emulate. "
         "One device of a distributed run: --plan, --rank and --rendezvous (rank 0 hosts the rendezvous store).",
     )
-    t.add_argument("--model", help="a model of the zoo")
+    t.add_argument("--model", help=MODEL_HELP)
+    _input_arguments(t)
+    t.add_argument(
+        "--init", type=_path, help="start from these weights: a state_dict (.pt, or .safetensors) keyed as the model"
+    )
     t.add_argument("--cluster", type=_path, help="A, B, C, D or a cluster JSON file")
     t.add_argument("--batch-size", type=_positive_int, default=64, help="global batch size (default 64)")
     t.add_argument("--method", default="asteroid", choices=list(PLANNERS), help="planner (default asteroid)")
@@ -176,7 +195,12 @@ def build_parser() -> argparse.ArgumentParser:
     _pipeline_arguments(t, leave_out=("--schedule",))  # a run option (below): re-plans keep to it too
     _run_option_arguments(t)
     t.add_argument("--timeout", type=_positive_float, default=30.0, help="seconds before a silent device is dead")
-    t.add_argument("--save", type=_path, help="write the trained model as one state_dict (torch.save) to this file")
+    t.add_argument(
+        "--save",
+        type=_path,
+        help="write the trained model as one state_dict keyed as the model (safetensors when FILE ends so, else "
+        "torch.save): your module's load_state_dict(..., strict=True) reads it",
+    )
     t.add_argument("--events", type=_path, help="write every event as a JSON line to this file (replaced if it exists)")
     t.add_argument(
         "--trace", type=_path, help="write a Chrome trace: the last iteration measured, above the simulated one"

@@ -44,6 +44,7 @@ _RESUME_KEEPS = {
     "--emulate": "emulate", "--dilation": "dilation", "--timeout": "timeout_s", "--generation": "generation",
     "--eval-samples": "eval_samples", "--replicate-every": "replicate_every", "--run-dir": None,
     "--lr": "lr", "--momentum": "momentum", "--seed": "seed", "--eval-every": "eval_every", "--schedule": "schedule",
+    "--init": "init", "--input-shape": None, "--seq-len": None,
 }  # fmt: skip
 
 
@@ -178,6 +179,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         problem = Problem(w, cluster, args.batch_size, allreduce=args.allreduce, schedule=args.schedule)
         plan = fitting_plan(args.method, problem, args.compression, _training_samples(args))
     plan.validate(w.num_layers)
+    if args.init:  # read and matched against the model now: a wrong file is one line before any device starts
+        from engine.models import get_model
+        from engine.models.weights import initial_layers
+
+        args.init = str(Path(args.init).resolve())
+        initial_layers(get_model(plan.model), 0, args.init)
     if not args.resume:
         options = RunOptions(
             iterations=args.iterations,
@@ -190,6 +197,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             save_model=bool(args.save),
             generation=args.generation,
             eval_samples=args.eval_samples,
+            init=args.init,
             compression=None if args.plan else compression_text(*args.compression),  # a plan file: its own levels
         )
     else:
@@ -208,12 +216,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         run_dir=run_dir, replicate_every=args.replicate_every, resume=resume, detect_s=args.detect,
     )  # fmt: skip
     if args.save:
-        import torch
+        from engine.models import get_model
+        from engine.models.weights import user_keys, write_state
 
-        try:
-            torch.save(result.state_dict, args.save)
-        except OSError as exc:
-            raise UserError(f"cannot write model {args.save}: {exc}") from None
+        write_state(user_keys(get_model(plan.model), result.state_dict), args.save)
     if args.trace:
         from engine.simulator import simulate
 

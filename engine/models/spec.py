@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -17,7 +18,10 @@ DTYPES = {"float32": torch.float32, "int64": torch.int64}
 
 
 def layer_name(index: int, layer: nn.Module) -> str:
-    """A readable layer label: "3:InvertedResidual", or "0:Conv2d+BatchNorm2d+ReLU6" for a plain Sequential."""
+    """A readable layer label: "3:InvertedResidual", or "0:Conv2d+BatchNorm2d+ReLU6" for a plain Sequential (a
+    layer cut from a user's graph carries its own, "3:layer2.0+layer2.1")."""
+    if isinstance(getattr(layer, "label", None), str):
+        return layer.label
     if type(layer) is nn.Sequential:
         return f"{index}:" + "+".join(type(m).__name__ for m in layer)
     return f"{index}:{type(layer).__name__}"
@@ -40,6 +44,19 @@ class ModelSpec:
     description: str
     factory: Callable[[], list[nn.Module]]
     vocab_size: int = 0
+    chain: Any = None  # a user's module (engine.models.graph.Chain): its cuts; None for the zoo's hand-cut layers
+    digest: str = ""  # a user's module: the SHA-256 of its file
+
+    def compressible(self, boundary: int) -> bool:
+        """Whether what crosses the cut before layer `boundary` may be compressed (not when it holds integers)."""
+        return self.chain is None or not self.chain.exact(boundary)
+
+    @property
+    def cache_name(self) -> str:
+        """The name of its profile in the cache: a user's module by its file's hash and its input."""
+        if not self.digest:
+            return self.name
+        return f"user-{self.digest[:16]}-{'x'.join(map(str, self.input_shape))}-{self.input_dtype}"
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:

@@ -9,6 +9,7 @@ import torch
 
 from engine.costmodel import link_s
 from engine.events import Restore
+from engine.models.weights import initial_layers
 from engine.runtime import layerstate
 from engine.runtime.control import Generation, gen_key, get_bytes, key, put_bytes
 from engine.runtime.emulation import now
@@ -45,8 +46,7 @@ class Copies:
             return layerstate.capture(self.layers, start, end, self.optimizer)
         if kind == SEED:
             if any(start <= k < end for k in self.trained):
-                torch.manual_seed(self.opts.seed)
-                return layerstate.capture(self.spec.layers(), start, end, None)
+                return layerstate.capture(initial_layers(self.spec, self.opts.seed, self.opts.init), start, end, None)
             return layerstate.capture(self.layers, start, end, None)
         held = self.snapshot if kind == "snapshot" else self.replica
         return layerstate.select(held[1], start, end)

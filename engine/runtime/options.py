@@ -45,6 +45,7 @@ class RunOptions:
     lr: float = option(0.05, "Learning rate", "SGD's learning rate", 1e-6, 10.0)
     momentum: float = option(0.9, "Momentum", "SGD's momentum", 0.0, 0.999)
     seed: int = option(0, "Seed", "the seed of the weights and of the batch order", 0, 2**31 - 1)
+    init: str | None = None  # a state_dict file (the model's own keys) the weights start from, else the seed's
     dataset: str = "synthetic"
     data_dir: str | None = None
     dataset_size: int = 2048

@@ -38,6 +38,7 @@ from engine.events import DeviceDone, DeviceStart, Iteration, StepEvent
 from engine.metrics import measured_throughput
 from engine.models import get_model
 from engine.models.randomness import sample_draws
+from engine.models.weights import initial_layers
 from engine.plan import OFF
 from engine.runtime import layerstate
 from engine.runtime.allreduce import StageAllReduce
@@ -69,8 +70,8 @@ class _Device(Waits, Links, DeltaLinks, SplitSteps, Copies, Evaluation, StageAll
         self.name = cfg.device_name
         opts = cfg.options
         self.spec = get_model(cfg.plan.model)
-        torch.manual_seed(opts.seed)  # every process builds the same full model; it trains the layers it owns
-        self.layers = self.spec.layers()
+        # every process builds the same full model (the seed's, or `init`'s weights); it trains the layers it owns
+        self.layers = initial_layers(self.spec, opts.seed, opts.init)
         self.trained: set[int] = set()  # layers whose weights are no longer the seed's
         self.data = get_dataset(opts.dataset, self.spec, root=opts.data_dir, size=opts.dataset_size, seed=opts.seed)
         if len(self.data) < cfg.plan.batch_size:
@@ -232,8 +233,11 @@ class _Device(Waits, Links, DeltaLinks, SplitSteps, Copies, Evaluation, StageAll
         x_in, x_out = boundary_examples(self.spec, self.layers, self.stage_plan.start, self.stage_plan.end)
         self.shape_in, self.shape_out = tuple(x_in.shape[1:]), tuple(x_out.shape[1:])
         # Bits per value on the boundary before and after this stage (only float tensors are compressed).
-        self.bits_in = plan.level(self.stage - 1) if self.stage and x_in.is_floating_point() else OFF
-        self.bits_out = plan.level(self.stage) if x_out.is_floating_point() else OFF
+        start, end = self.stage_plan.start, self.stage_plan.end  # (a cut carrying integers is never compressed)
+        self.bits_in = plan.level(self.stage - 1) if self.stage and self.spec.compressible(start) else OFF
+        self.bits_out = plan.level(self.stage) if end < len(self.layers) and self.spec.compressible(end) else OFF
+        self.bits_in = self.bits_in if x_in.is_floating_point() else OFF
+        self.bits_out = self.bits_out if x_out.is_floating_point() else OFF
         self.module = torch.nn.Sequential(*self.layers[self.stage_plan.start : self.stage_plan.end])
         self.module.train()
         device = plan.cluster.device(self.name)

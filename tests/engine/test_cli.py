@@ -236,8 +236,11 @@ def test_module_entry_point_runs(profile_cache):
         timeout=120,
     )
     assert proc.returncode == 2
-    assert proc.stderr.strip() == "error: unknown model 'nope'; known models: " + ", ".join(
-        __import__("engine.models", fromlist=["model_names"]).model_names()
+    assert (
+        proc.stderr.strip()
+        == "error: unknown model 'nope'; known models: "
+        + ", ".join(__import__("engine.models", fromlist=["model_names"]).model_names())
+        + ", or your own as FILE.py:FUNCTION"
     )
 
 

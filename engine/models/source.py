@@ -1,0 +1,199 @@
+"""Models named by reference: the zoo's names, or a lab's own module, `PATH.py:FUNCTION@INPUT`.
+
+    get_model("mobilenetv2")                                    # the zoo
+    get_model("/lab/unet.py:build@image:3,64,64")               # FUNCTION() returns an nn.Module; images in
+    get_model("/lab/lm.py:tiny_gpt@text:128")                    # token ids in (128 per sample)
+
+`reference(...)` writes the canonical form (an absolute path) from what a user types: the CLI's `--model
+unet.py:build --input-shape 3,64,64`. The reference is what plans, profiles and the boards carry: every process
+that needs the model builds it from the file (the boards must be able to read the same path); the file's hash
+names its profile cache, and `file_hash` lets a board refuse a file that is not the one planned for.
+The module runs as the user wrote it: its task follows its output (`[N, K]`: K classes; token ids in and
+`[N, T, V]` out: next-token prediction over V tokens).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from engine.errors import UserError
+from engine.models.graph import capture
+from engine.models.randomness import Dropout
+from engine.models.spec import ModelSpec
+
+INPUTS = ("image", "text")
+
+
+@dataclass(frozen=True)
+class Reference:
+    path: Path
+    function: str
+    input: str  # image or text
+    shape: tuple[int, ...]  # per sample: C,H,W (or any) for images; (T,) for text
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.function}@{self.input}:{','.join(map(str, self.shape))}"
+
+
+def is_reference(name: str) -> bool:
+    """Whether `name` names a module in a file rather than a zoo model."""
+    return ".py:" in name
+
+
+def parse_reference(name: str) -> Reference:
+    """The parts of `PATH.py:FUNCTION@image:C,H,W` or `PATH.py:FUNCTION@text:T`; a UserError says what is wrong."""
+    head, _, tail = name.partition("@")
+    path, _, function = head.rpartition(":")
+    if not path.endswith(".py") or not function.isidentifier():
+        raise UserError(f"model {name!r}: expected PATH.py:FUNCTION, a Python file and a function in it")
+    kind, _, dims = tail.partition(":")
+    if kind not in INPUTS:
+        raise UserError(f"model {name!r} needs its input: --input-shape C,H,W for images or --seq-len N for text")
+    shape = shape_of(dims, "--seq-len" if kind == "text" else "--input-shape")
+    if kind == "text" and len(shape) != 1:
+        raise UserError(f"model {name!r}: a text input is one length (--seq-len N), got {dims!r}")
+    return Reference(Path(path), function, kind, shape)
+
+
+def shape_of(text: str, flag: str) -> tuple[int, ...]:
+    """`3,32,32` as (3, 32, 32); a UserError naming `flag` otherwise."""
+    try:
+        shape = tuple(int(p) for p in text.replace("x", ",").split(","))
+    except ValueError:
+        shape = ()
+    if not shape or any(d < 1 for d in shape) or len(shape) > 4:
+        raise UserError(f"{flag} must be up to four positive whole numbers separated by commas, got {text!r}")
+    return shape
+
+
+def reference(model: str, input_shape: str | None = None, seq_len: int | None = None) -> str:
+    """The canonical reference of what a user typed: a zoo name as it is; `FILE.py:FUNCTION` with an absolute
+    path and its input (`input_shape` "C,H,W" for images, else `seq_len` tokens for text, unless it says
+    `@image:...` or `@text:...` itself)."""
+    if not is_reference(model):
+        return model
+    head, at, tail = model.partition("@")
+    path, _, function = head.rpartition(":")
+    if input_shape and seq_len:
+        raise UserError("give --input-shape (images) or --seq-len (text), not both")
+    if at:
+        pass
+    elif input_shape:
+        tail = f"image:{','.join(map(str, shape_of(input_shape, '--input-shape')))}"
+    elif seq_len:
+        tail = f"text:{seq_len}"
+    else:
+        raise UserError(f"model {model}: give its input, --input-shape C,H,W for images or --seq-len N for text")
+    return str(parse_reference(f"{Path(path).expanduser().resolve()}:{function}@{tail}"))
+
+
+def file_hash(path: Path) -> str:
+    """The SHA-256 of a model file, hex (a UserError when it cannot be read)."""
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError as exc:
+        raise UserError(f"cannot read model file {path}: {exc.strerror or exc}") from None
+
+
+def _builder(ref: Reference, digest: str):
+    """FUNCTION from the file, loaded once per process and file content."""
+    if not ref.path.is_file():
+        raise UserError(f"model file {ref.path} does not exist")
+    name = f"asteroid_user_model_{digest[:16]}"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ref.path)
+        module = importlib.util.module_from_spec(spec)
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:
+            raise UserError(f"model file {ref.path} fails to load: {type(exc).__name__}: {_first(exc)}") from None
+        sys.modules[name] = module
+    function = getattr(sys.modules[name], ref.function, None)
+    if not callable(function):
+        raise UserError(f"model file {ref.path} has no function {ref.function}")
+
+    def build() -> nn.Module:
+        try:
+            module = function()
+        except Exception as exc:
+            raise UserError(f"{ref.function}() in {ref.path} raised {type(exc).__name__}: {_first(exc)}") from None
+        if not isinstance(module, nn.Module):
+            raise UserError(f"{ref.function}() in {ref.path} returned a {type(module).__name__}, not an nn.Module")
+        return keyed_dropout(module)
+
+    return build
+
+
+def keyed_dropout(module: nn.Module) -> nn.Module:
+    """`module` with each nn.Dropout replaced by the engine's, whose masks depend on the sample, not the process
+    (so a replay or a re-plan draws the same ones)."""
+    for parent in list(module.modules()):
+        for child_name, child in list(parent.named_children()):
+            if type(child) is nn.Dropout:
+                setattr(parent, child_name, Dropout(child.p))
+    return module
+
+
+def _first(exc: BaseException) -> str:
+    return next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")[:200]
+
+
+@functools.lru_cache(maxsize=16)
+def _user_model(name: str, digest: str) -> ModelSpec:
+    ref = parse_reference(name)
+    build = _builder(ref, digest)
+    with torch.random.fork_rng(devices=[]), torch.device("cpu"):  # (a caller may be building on the meta device)
+        torch.manual_seed(0)
+        module = build()
+        if ref.input == "text":
+            vocab = _vocabulary(module)
+            example = torch.randint(vocab, (2, *ref.shape))
+        else:
+            example = torch.randn((2, *ref.shape))
+        chain = capture(module, example)
+        with torch.no_grad():
+            module.eval()
+            out = module(example)
+    out = out[0] if isinstance(out, (tuple, list)) else out.get("logits") if isinstance(out, dict) else out
+    if ref.input == "text":
+        if not (isinstance(out, torch.Tensor) and out.dim() == 3 and out.shape[:2] == (2, ref.shape[0])):
+            raise UserError(f"{ref.function}() takes token ids but its output is not [batch, {ref.shape[0]}, vocab]")
+        task, classes, family = "language-modeling", out.shape[-1], "transformer"
+    else:
+        if not (isinstance(out, torch.Tensor) and out.dim() == 2 and out.shape[0] == 2):
+            shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+            raise UserError(f"{ref.function}() returns {shape} for a batch of 2: a classifier returns [batch, classes]")
+        task, classes, family = "classification", out.shape[-1], "cnn"
+        vocab = 0
+
+    def layers() -> list[nn.Module]:
+        return chain.layers(build())
+
+    return ModelSpec(
+        name=name, family=family, task=task, input_shape=ref.shape,
+        input_dtype="int64" if ref.input == "text" else "float32", num_classes=int(classes),
+        description=f"{ref.function}() from {ref.path.name}, {len(chain.spans)} layers cut from its graph",
+        factory=layers, vocab_size=int(vocab), chain=chain, digest=digest,
+    )  # fmt: skip
+
+
+def _vocabulary(module: nn.Module) -> int:
+    """The token vocabulary of a text model: its first embedding's size."""
+    embedding = next((m for m in module.modules() if isinstance(m, nn.Embedding)), None)
+    if embedding is None:
+        raise UserError("a text model takes token ids into an nn.Embedding; this module has none")
+    return embedding.num_embeddings
+
+
+def user_model(name: str) -> ModelSpec:
+    """The spec of a module in a file, built once per process and file content."""
+    ref = parse_reference(name)
+    return _user_model(str(ref), file_hash(ref.path))

@@ -1,0 +1,167 @@
+"""A lab's own module (`--model FILE.py:FUNCTION`): captured as a graph and cut into a chain whose cuts carry every
+value live across them; pipelined it trains exactly as the module does in one process, starts from the lab's
+weights and comes back in the module's own keys; what cannot be used is one line."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.data import get_dataset
+from engine.errors import UserError
+from engine.models import get_model
+from engine.models.source import reference
+from engine.runtime.batches import batch_indices, load
+from engine.runtime.faults import Faults, parse_fail
+from engine.runtime.launcher import RunOptions, train
+from tests.engine.clirun import run
+from tests.engine.runtime.helpers import cluster_of, make_plan, model_workload
+
+FILE = Path(__file__).with_name("usermodels.py")
+MODELS = {"resnet": "3,16,16", "unet": "3,16,16", "vit": "3,16,16", "tiny_lm": 16}
+
+
+def ref_of(function: str) -> str:
+    shape = MODELS[function]
+    return reference(f"{FILE}:{function}", *((shape, None) if isinstance(shape, str) else (None, shape)))
+
+
+def users(function: str):
+    """The lab's own function, imported as its code would."""
+    spec = importlib.util.spec_from_file_location("lab_models", FILE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, function)
+
+
+def one_process(function: str, batch: int, iterations: int, lr: float = 0.05, init: dict | None = None):
+    """The lab's module trained alone on the run's batches (SGD, momentum 0.9): (losses, state_dict)."""
+    spec = get_model(ref_of(function))
+    torch.manual_seed(0)
+    net = users(function)()
+    if init is not None:
+        net.load_state_dict(init, strict=True)
+    opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9)
+    data = get_dataset("synthetic", spec, size=2048, seed=0)
+    losses = []
+    for k in range(iterations):
+        x, y = load(data, batch_indices(len(data), batch, 0, k))
+        loss = spec.loss(net(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses, net.state_dict()
+
+
+@pytest.mark.parametrize("function", list(MODELS))
+def test_the_chain_computes_what_the_module_computes(function):
+    spec = get_model(ref_of(function))
+    torch.manual_seed(0)
+    layers = spec.layers()
+    torch.manual_seed(0)
+    module = users(function)()
+    x, _ = spec.example_batch(3)
+    y = x
+    for layer in layers:
+        y = layer(y)
+    assert (y - module(x)).abs().max().item() < 1e-5
+    assert len(layers) >= 3  # cut, not one piece
+    keys = [k for layer in layers for k in layer.state_dict()]
+    assert set(keys) == set(module.state_dict())  # the module's own names, each held where it is used
+
+
+def test_a_long_skip_makes_the_cuts_inside_it_carry_two_tensors_and_integers_are_never_compressed():
+    unet = get_model(ref_of("unet"))
+    assert [len(c) for c in unet.chain.cuts] == [1, 2, 2, 1, 1]
+    assert [v.shape for v in unet.chain.cuts[1]] == [(8, 16, 16), (16, 8, 8)]  # the skip and the way down
+    lm = get_model(ref_of("tiny_lm"))
+    assert lm.task == "language-modeling" and lm.vocab_size == 300 and lm.input_dtype == "int64"
+    assert all(unet.compressible(b) for b in range(1, len(unet.chain.spans)))
+
+
+def _trained(function, stages, devices, batch=8, micro=2, iterations=3, faults=None, init=None):
+    model = ref_of(function)
+    plan = make_plan(model, cluster_of(*devices), batch, micro, stages)
+    options = RunOptions(iterations=iterations, emulate=False, save_model=True, timeout_s=60, init=init)
+    return train(plan, model_workload(model), options, faults=faults or Faults(), replicate_every=1)
+
+
+def _close(result, losses, state):
+    from engine.models.weights import user_keys
+
+    assert result.loss == pytest.approx(losses, rel=1e-5, abs=1e-6)
+    mine = user_keys(get_model(result.plan.model), result.state_dict)
+    assert mine.keys() == state.keys()
+    for k in state:
+        torch.testing.assert_close(mine[k], state[k], rtol=0, atol=1e-5)
+
+
+def test_a_unet_cut_at_every_layer_one_device_a_stage_trains_as_one_process():
+    stages = [(k, k + 1, [(f"nano-{k}", 4)]) for k in range(6)]  # GPipe's shape: every cut used
+    result = _trained("unet", stages, ["nano"] * 6)
+    _close(result, *one_process("unet", 8, 3))
+
+
+def test_a_vit_on_uneven_shares_loses_a_device_and_still_trains_as_one_process():
+    stages = [(0, 2, [("nx-0", 3), ("tx2-1", 1)]), (2, 5, [("tx2-2", 2), ("nano-3", 2)])]
+    result = _trained("vit", stages, ["nx", "tx2", "tx2", "nano"], iterations=4,
+                      faults=Faults(fail=(parse_fail("tx2-1@3:backward"),)))  # fmt: skip
+    assert len(result.generations) == 2 and "tx2-1" not in result.devices
+    _close(result, *one_process("vit", 8, 4))
+
+
+def test_init_then_save_round_trip_into_the_users_module(tmp_path, capsys, profile_cache):
+    from safetensors.torch import load_file
+
+    torch.manual_seed(7)
+    start = users("tiny_lm")().state_dict()  # the lab's pretrained weights (another seed's)
+    torch.save(start, tmp_path / "start.pt")
+    out = tmp_path / "trained.safetensors"
+    code, _, err = run(capsys, "train", "--model", f"{FILE}:tiny_lm", "--seq-len", "16", "--cluster", "D",
+                       "--batch-size", "8", "--iterations", "2", "--init", str(tmp_path / "start.pt"),
+                       "--save", str(out), "--run-dir", str(tmp_path / "run"), "--json")  # fmt: skip
+    assert code == 0, err
+    saved = load_file(out)
+    module = users("tiny_lm")()
+    module.load_state_dict(saved, strict=True)  # the lab's own code reads it
+    _, expected = one_process("tiny_lm", 8, 2, init=start)
+    for k in expected:  # (its causal mask holds -inf)
+        torch.testing.assert_close(saved[k], expected[k], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--model", "nowhere.py:f", "--input-shape", "3,8,8"], "model file"),
+        (["--model", f"{FILE}:nothing", "--input-shape", "3,8,8"], f"model file {FILE} has no function nothing"),
+        (["--model", f"{FILE}:raises", "--input-shape", "3,8,8"], "raises() in"),
+        (["--model", f"{FILE}:not_a_module", "--input-shape", "3,8,8"], "returned a int, not an nn.Module"),
+        (["--model", f"{FILE}:branchy", "--input-shape", "4"], "cannot capture the module's graph"),
+        (["--model", f"{FILE}:resnet", "--input-shape", "5,16,16"], "the module rejects an input of shape (5, 16, 16)"),
+        (["--model", f"{FILE}:resnet"], "give its input, --input-shape C,H,W"),
+        (["--model", f"{FILE}:resnet", "--input-shape", "3,x"], "--input-shape must be up to four positive"),
+    ],
+)
+def test_a_module_that_cannot_be_used_is_one_line(capsys, argv, message):
+    code, out, err = run(capsys, "plan", *argv, "--cluster", "D", "--batch-size", "8")
+    assert code == 2 and out == ""
+    assert err.startswith("error: ") and message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_weights_that_do_not_match_are_one_line_naming_the_keys(tmp_path, capsys, profile_cache):
+    state = users("resnet")().state_dict()
+    state["extra.weight"] = state.pop("head.weight")
+    torch.save(state, tmp_path / "w.pt")
+    code, _, err = run(capsys, "train", "--model", f"{FILE}:resnet", "--input-shape", "3,16,16", "--cluster", "D",
+                       "--batch-size", "8", "--iterations", "1", "--init", str(tmp_path / "w.pt"))  # fmt: skip
+    assert code == 2
+    assert "missing head.weight; unexpected extra.weight" in err and len(err.strip().splitlines()) == 1, err
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(UserError, match="cannot read weights file"):
+        from engine.models.weights import read_state
+
+        read_state(tmp_path / "junk.pt")
