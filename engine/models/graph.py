@@ -1,23 +1,28 @@
-"""A user's module as the chain of layers the planner cuts: its torch.fx graph, grouped at the points where every
-value live across is a per-sample tensor; each cut carries its whole live set, packed into one tensor per sample.
+"""A user's module as the chain of layers the planner cuts: its graph, grouped at the points where every value
+live across is a per-sample tensor; each cut carries its whole live set, packed into one tensor per sample.
 
     chain = capture(module, example)       # example: a batch of 2 samples of the module's input
     layers = chain.layers(module)          # nn.Modules, each one packed tensor in, one out; last: the output
 
-Why torch.fx and not torch.export: `symbolic_trace` keeps each `nn.Module` call as one node, so a layer's
-parameters keep the user's own names (`layer1.0.conv1.weight`): the stages' state dicts speak the user's keys
-without a map, and the layer list reads like the module. A value that does not depend on the input (a causal
-mask, `torch.arange`) is recomputed by each layer that needs it rather than sent. A cut is never placed where a
-value without a batch dimension (a shape, a Python number) is live, nor between two uses of one parameter or
-module (weights shared across a cut would need copies kept equal: not done yet, so such a model gets fewer
-cuts; a buffer read as an attribute, a mask, is copied into each layer that reads it). Integer values
-crossing a cut travel as float32 (exact below 2**24) and their cut is never compressed.
+The graph comes from torch.fx's `symbolic_trace` for a module in a file: it keeps each `nn.Module` call as one
+node, so a layer holds the user's submodules under their own names (`layer1.0.conv1.weight`) and the stages'
+state dicts speak the user's keys without a map. A Hugging Face model, whose Python fx cannot follow, comes from
+`torch.export` (batch dimension dynamic), whose unlifted graph keeps the parameters' own names too.
+What a cut needs is found by running the graph at two batch sizes: a value that does not depend on the input (a
+mask, `torch.arange(16)`) or only on its shape (`x.shape[0]`, a mask sized by it) is recomputed by each layer that
+needs it rather than sent: a size is a constant or a multiple of the batch, which every layer's input tells.
+A cut is never placed where another value without a batch dimension is live, nor between two calls of a module
+with buffers (their statistics would part). A parameter used by several layers (tied input and output
+embeddings) is held by each: `ties` says where, and the runtime sums its gradients over the holders before every
+step (Megatron's way). Integer values crossing a cut travel as float32 (exact below 2**24) and their cut is
+never compressed.
 """
 
 from __future__ import annotations
 
 import math
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -27,6 +32,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from engine.errors import UserError
 
 MAX_LAYERS = 48  # the chain's length at most: the exact planner's search stays in seconds below this
+SIZES = {torch.ops.aten.sym_size.int, torch.ops.aten.sym_numel.default}  # export's reads of a tensor's shape
+Tracer = Callable[[nn.Module], fx.GraphModule]
 
 
 @dataclass(frozen=True)
@@ -44,95 +51,122 @@ class Value:
 
 @dataclass(frozen=True)
 class Chain:
-    """The module's graph cut into layers: layer i runs `spans[i]` (positions in the order of the input's
-    dependants) and receives `cuts[i - 1]` (layer 0 receives the module's input)."""
+    """The module's graph cut into layers: layer i runs `spans[i]` (positions among the nodes that read the input's
+    data) and receives `cuts[i - 1]` (layer 0 the module's input). `sizes`: each shape read's value as
+    (constant, per-sample multiple) pairs, one per dimension; `ties`: each parameter held by several layers, as
+    (layer, name in it) pairs; `aliases`: the module's other names of a parameter (tied ones)."""
 
     spans: tuple[tuple[int, int], ...]
     cuts: tuple[tuple[Value, ...], ...]
-    names: tuple[str, ...]  # a readable label per layer: the modules it calls
+    names: tuple[str, ...]
+    sizes: tuple[tuple[str, tuple[tuple[int, int], ...], bool], ...]
+    ties: tuple[tuple[tuple[int, str], ...], ...]
+    aliases: tuple[tuple[str, ...], ...]
+    tracer: Tracer
 
     def layers(self, module: nn.Module) -> list[nn.Module]:
         """Fresh layers of `module` (built like the captured one: the same graph): its own parameters, shared."""
-        gm = trace(module)
-        return [self._layer(gm, i) for i in range(len(self.spans))]
+        gm = self.tracer(module)
+        sized = {name for name, _, _ in self.sizes}
+        graph = _Graph(gm, frozenset(n.name for n in gm.graph.nodes if _is_size(n) and n.name not in sized))
+        return [self._layer(gm, graph, i) for i in range(len(self.spans))]
 
     def exact(self, boundary: int) -> bool:
         """Whether cut `boundary` (between layer boundary-1 and boundary) carries an integer value."""
         return any(not v.dtype.is_floating_point for v in self.cuts[boundary - 1])
 
-    def _layer(self, gm: fx.GraphModule, i: int) -> nn.Module:
-        order, constant = _order(gm.graph)
+    def _layer(self, gm: fx.GraphModule, g: _Graph, i: int) -> nn.Module:
         a, b = self.spans[i]
-        mine = set(order[a:b] if a else order[1:b])
+        mine = set(g.order[a:b] if a else g.order[1:b])
         need: set[fx.Node] = set()
-        for n in mine:  # the input-independent values these nodes use: recomputed here
-            need |= _constant_ancestors(n, constant)
+        for n in mine:  # what these nodes use that no cut carries: recomputed here
+            need |= g.ancestors(n)
         graph = fx.Graph()
-        env: dict[fx.Node, fx.Node] = {}
+        env: dict[fx.Node, object] = {}
+        by_name = {n.name: n for n in g.nodes}
+        packed = graph.placeholder(g.order[0].name if a == 0 else "packed")
         if a == 0:
-            env[order[0]] = graph.placeholder(order[0].name)
+            env[g.order[0]] = packed
         else:
-            packed = graph.placeholder("packed")
             offset = 0
             for v in self.cuts[i - 1]:
-                node = next(n for n in order if n.name == v.node)
                 part = graph.call_function(operator.getitem, (packed, (slice(None), slice(offset, offset + v.size))))
                 part = graph.call_method("reshape", (part, (-1, *v.shape)))
-                env[node] = graph.call_method("to", (part, v.dtype)) if v.dtype != torch.float32 else part
+                env[by_name[v.node]] = graph.call_method("to", (part, v.dtype)) if v.dtype != torch.float32 else part
                 offset += v.size
-        for n in gm.graph.nodes:
-            if n in mine or n in need:
+        batch = None
+        sizes = {name: (dims, scalar) for name, dims, scalar in self.sizes}
+        for n in g.nodes:
+            if n.name in sizes and n in need:  # a read of a shape: constants and multiples of the batch
+                if batch is None and any(k for _, k in sizes[n.name][0]):
+                    batch = graph.call_method("size", (packed, 0))
+                dims = [c if not k else (batch if k == 1 else graph.call_function(operator.mul, (batch, k)))
+                        for c, k in sizes[n.name][0]]  # fmt: skip
+                env[n] = dims[0] if sizes[n.name][1] else tuple(dims)
+            elif n in mine or n in need:
                 env[n] = graph.node_copy(n, lambda x: env[x])
         if i == len(self.spans) - 1:
             graph.output(env[_result(gm.graph)])
         else:
             parts = []
             for v in self.cuts[i]:
-                node = next(n for n in order if n.name == v.node)
-                flat = graph.call_method("flatten", (env[node], 1))
+                flat = graph.call_method("flatten", (env[by_name[v.node]], 1))
                 parts.append(graph.call_method("to", (flat, torch.float32)) if v.dtype != torch.float32 else flat)
             graph.output(parts[0] if len(parts) == 1 else graph.call_function(torch.cat, (parts, 1)))
-        graph.lint()
         layer = fx.GraphModule(gm, graph, class_name="Layer")
+        layer.graph.eliminate_dead_code()  # (a size read no node uses)
+        layer.recompile()
         layer.label = self.names[i]
         return layer
 
 
-def trace(module: nn.Module) -> fx.GraphModule:
-    """The module's graph (a one-line UserError naming the construct when torch.fx cannot follow it)."""
+def symbolic(module: nn.Module) -> fx.GraphModule:
+    """The module's graph by torch.fx (a one-line UserError naming the construct when fx cannot follow it)."""
     try:
         return fx.symbolic_trace(module)
     except Exception as exc:  # fx raises TraceError, TypeError, NotImplementedError... from the user's code
-        first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
         raise UserError(
-            f"cannot capture the module's graph ({first[:200]}): Python control flow on tensor values cannot be "
-            "traced; move it into a submodule whose children form a chain, or make it depend on shapes only"
+            f"cannot capture the module's graph ({_first(exc)}): Python control flow on tensor values cannot be "
+            "traced; make it depend on shapes only, or move it out of forward"
         ) from None
 
 
-def _order(graph: fx.Graph) -> tuple[list[fx.Node], set[fx.Node]]:
-    """The nodes that depend on the input, in graph order (the input first), and the set of those that do not."""
-    depends: set[fx.Node] = set()
-    order = []
-    for n in graph.nodes:
-        if n.op == "output":
-            continue
-        if n.op == "placeholder" or any(a in depends for a in n.all_input_nodes):
-            depends.add(n)
-            order.append(n)
-    constant = {n for n in graph.nodes if n.op != "output" and n not in depends}
-    return order, constant
+def _first(exc: BaseException) -> str:
+    return next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)[:200]
 
 
-def _constant_ancestors(node: fx.Node, constant: set[fx.Node]) -> set[fx.Node]:
-    found: set[fx.Node] = set()
-    stack = [a for a in node.all_input_nodes if a in constant]
-    while stack:
-        n = stack.pop()
-        if n not in found:
-            found.add(n)
-            stack += [a for a in n.all_input_nodes if a in constant]
-    return found
+def _is_size(n: fx.Node) -> bool:
+    """A read of a tensor's shape, not of its values."""
+    if n.op == "call_function":
+        return n.target in SIZES or (n.target is getattr and n.args[1:2] == ("shape",))
+    return n.op == "call_method" and n.target == "size"
+
+
+class _Graph:
+    """The graph's nodes sorted by what they read: the input's data (`order`: cut between them), its shape only,
+    or nothing of it (`free`: recomputed where needed)."""
+
+    def __init__(self, gm: fx.GraphModule, unsizable: frozenset[str] = frozenset()):
+        self.nodes = [n for n in gm.graph.nodes if n.op != "output"]
+        data: set[fx.Node] = set()
+        for n in self.nodes:
+            reads = [a for a in n.all_input_nodes if a in data]
+            if n.op == "placeholder" or (reads and not (_is_size(n) and n.name not in unsizable)):
+                data.add(n)
+        self.order = [n for n in self.nodes if n in data]
+        self.free = {n for n in self.nodes if n not in data}
+
+    def ancestors(self, node: fx.Node) -> set[fx.Node]:
+        """The recomputed values `node` needs (a shape read's own input is not needed: the layer's tells)."""
+        found: set[fx.Node] = set()
+        stack = [a for a in node.all_input_nodes if a in self.free]
+        while stack:
+            n = stack.pop()
+            if n not in found:
+                found.add(n)
+                if not _is_size(n):
+                    stack += [a for a in n.all_input_nodes if a in self.free]
+        return found
 
 
 def _result(graph: fx.Graph) -> fx.Node:
@@ -152,21 +186,39 @@ class _Recorder(fx.Interpreter):
 
     def __init__(self, gm: fx.GraphModule):
         super().__init__(gm)
-        self.values: dict[fx.Node, object] = {}
-        self.flops: dict[fx.Node, float] = {}
+        self.values: dict[str, object] = {}
+        self.flops: dict[str, float] = {}
 
     def run_node(self, n: fx.Node):
         with FlopCounterMode(display=False) as counter:
             out = super().run_node(n)
-        self.values[n], self.flops[n] = out, float(counter.get_total_flops())
+        self.values[n.name], self.flops[n.name] = out, float(counter.get_total_flops())
         return out
 
 
-def capture(module: nn.Module, example: torch.Tensor, max_layers: int = MAX_LAYERS) -> Chain:
+def _dims(two, three) -> tuple[tuple[int, int], ...] | None:
+    """A shape read at batch 2 and 3 as (constant, multiple of the batch) per dimension; None if neither."""
+    if isinstance(two, int) and isinstance(three, int):
+        two, three = (two,), (three,)
+    if not (isinstance(two, tuple) and isinstance(three, tuple) and len(two) == len(three)):
+        return None
+    dims = []
+    for x, y in zip(two, three):
+        if not (isinstance(x, int) and isinstance(y, int)):
+            return None
+        if x == y:
+            dims.append((x, 0))
+        elif x % 2 == 0 and 3 * x == 2 * y:
+            dims.append((0, x // 2))
+        else:
+            return None
+    return tuple(dims)
+
+
+def capture(module: nn.Module, example: torch.Tensor, tracer: Tracer = symbolic, max_layers: int = MAX_LAYERS):
     """Cut `module` into a chain of at most `max_layers` layers of about equal forward FLOPs, at the points where
     a cut is possible. `example`: an input batch of 2 samples (the batch dimension is found by also running 3)."""
-    gm = trace(module)
-    order, constant = _order(gm.graph)
+    gm = tracer(module)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != 1:
         names = ", ".join(n.name for n in placeholders)
@@ -181,74 +233,97 @@ def capture(module: nn.Module, example: torch.Tensor, max_layers: int = MAX_LAYE
                 recorder.run(batch)
                 runs.append(recorder)
     except Exception as exc:
-        first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
-        raise UserError(f"the module rejects an input of shape {tuple(example.shape[1:])}: {first[:200]}") from None
+        raise UserError(f"the module rejects an input of shape {tuple(example.shape[1:])}: {_first(exc)}") from None
     finally:
         module.train(was)
     two, three = runs
+    reads = [n for n in gm.graph.nodes if _is_size(n)]
+    dims = {n.name: _dims(two.values[n.name], three.values[n.name]) for n in reads}
+    g = _Graph(gm, frozenset(name for name, d in dims.items() if d is None))  # (others: shape reads, recomputed)
+    order = g.order
     position = {n: k for k, n in enumerate(order)}
     result = _result(gm.graph)
     last_use = {}
     for n in order:
-        users = [position[u] for u in n.users if u in position]
-        last_use[n] = max(users + ([len(order)] if n is result or _feeds_output(n) else []), default=position[n])
+        users = [position[u] for u in n.users if u in position]  # (its other users only read its shape)
+        last_use[n] = max(users + ([len(order)] if n is result else []), default=position[n])
 
     def batched(n: fx.Node) -> bool:
-        x, y = two.values.get(n), three.values.get(n)
+        x, y = two.values.get(n.name), three.values.get(n.name)
         return (
             isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.dim() >= 1
             and x.shape[0] == 2 and y.shape[0] == 3 and x.shape[1:] == y.shape[1:]
         )  # fmt: skip
 
-    # cuts between positions k and k + 1 that no shared parameter, module or unbatched value forbids
     allowed = [True] * len(order)
     for n in order:
         if not batched(n):
             for k in range(position[n], last_use[n]):
                 allowed[k] = False
-    uses = _state_uses(gm, order, constant, position)
-    for used in uses.values():
-        for k in range(min(used), max(used)):
-            allowed[k] = False
+    uses = _state_uses(gm, g, position)
+    for target, used in uses.items():
+        if _stateful(gm, target):  # a module with buffers called from two layers: its statistics would part
+            for k in range(min(used), max(used)):
+                allowed[k] = False
     # a layer starts where weights are used (a convolution, a linear, a norm...): the functions between two such
     # (an activation, an addition) stay with the weights before them
     starts = {k for used in uses.values() for k in used}
     for k in range(len(order) - 1):
         allowed[k] = allowed[k] and k + 1 in starts
     allowed[0] = allowed[-1] = False  # (a layer of the input alone; nothing after the last node)
-    flops = [two.flops.get(n, 0.0) + 1.0 for n in order]  # (+1: a node of no FLOPs still costs a little)
+    flops = [two.flops.get(n.name, 0.0) + 1.0 for n in order]  # (+1: a node of no FLOPs still costs a little)
     cuts = _balanced([k for k in range(len(order) - 1) if allowed[k]], flops, max_layers)
-    spans, live = [], []
-    start = 0
+    spans, live, start = [], [], 0
     for k in [*cuts, len(order) - 1]:
         spans.append((start, k + 1))
         start = k + 1
     for k in cuts:
         values = [n for n in order[: k + 1] if last_use[n] > k]
-        live.append(tuple(Value(n.name, tuple(two.values[n].shape[1:]), two.values[n].dtype) for n in values))
-    names = tuple(_label(i, [t for t, used in uses.items() if a <= min(used) < b], order[a:b]) for i, (a, b) in
-                  enumerate(spans))  # fmt: skip
-    return Chain(tuple(spans), tuple(live), names)
+        live.append(tuple(Value(n.name, tuple(two.values[n.name].shape[1:]), two.values[n.name].dtype)
+                          for n in values))  # fmt: skip
+    names = tuple(_label(i, [t for t, u in uses.items() if a <= min(u) < b], order[a:b])
+                  for i, (a, b) in enumerate(spans))  # fmt: skip
+    sizes = tuple((name, d, isinstance(two.values[name], int)) for name, d in dims.items() if d is not None)
+    chain = Chain(tuple(spans), tuple(live), names, sizes, (), _aliases(module), tracer)
+    return Chain(chain.spans, chain.cuts, chain.names, sizes, _ties(chain.layers(module)), chain.aliases, tracer)
 
 
-def _feeds_output(n: fx.Node) -> bool:
-    return any(u.op == "output" for u in n.users)
-
-
-def _state_uses(gm, order, constant, position) -> dict[str, list[int]]:
-    """Each parameter-holding module or parameter: the positions of the input's dependants that use it. (A buffer
-    read as an attribute, a mask say, is copied into each layer that reads it: training never changes it.)"""
+def _state_uses(gm: fx.GraphModule, g: _Graph, position: dict) -> dict[str, list[int]]:
+    """Each module with weights, and each parameter read as an attribute: the positions of the data nodes that
+    use it."""
     uses: dict[str, list[int]] = {}
     params = {name for name, _ in gm.named_parameters()}
-    for n in order:
-        if n.op == "call_module" and any(True for _ in gm.get_submodule(n.target).parameters()):
-            uses.setdefault(n.target, []).append(position[n])
-        for c in _constant_ancestors(n, constant) | {n}:
-            if c.op == "get_attr" and c.target in params:
+    for n in g.order:
+        for c in g.ancestors(n) | {n}:
+            if c.op == "call_module" and any(True for _ in gm.get_submodule(c.target).parameters()):
                 uses.setdefault(c.target, []).append(position[n])
-            elif c.op == "call_module" and c in constant:
+            elif c.op == "get_attr" and c.target in params:
                 uses.setdefault(c.target, []).append(position[n])
     return uses
+
+
+def _stateful(gm: fx.GraphModule, target: str) -> bool:
+    try:
+        return any(True for _ in gm.get_submodule(target).buffers())
+    except AttributeError:  # a parameter read as an attribute
+        return False
+
+
+def _ties(layers: list[nn.Module]) -> tuple[tuple[tuple[int, str], ...], ...]:
+    """Parameters held by more than one layer (the same tensor in one process): (layer, name) per holder."""
+    holders: dict[int, list[tuple[int, str]]] = {}
+    for i, layer in enumerate(layers):
+        for name, p in layer.named_parameters():
+            holders.setdefault(id(p), []).append((i, name))
+    return tuple(tuple(h) for h in holders.values() if len({i for i, _ in h}) > 1)
+
+
+def _aliases(module: nn.Module) -> tuple[tuple[str, ...], ...]:
+    """The module's names of each parameter it registers more than once (a tied embedding)."""
+    names: dict[int, list[str]] = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    return tuple(tuple(n) for n in names.values() if len(n) > 1)
 
 
 def _balanced(allowed: list[int], flops: list[float], max_layers: int) -> list[int]:
@@ -262,7 +337,7 @@ def _balanced(allowed: list[int], flops: list[float], max_layers: int) -> list[i
         running += f
         if k in allowed_set and running >= target and len(cuts) < max_layers - 1:
             cuts.append(k)
-            target = running + share if running + share < total else total
+            target = min(running + share, total)
     return cuts
 
 

@@ -56,7 +56,12 @@ def user_keys(spec: ModelSpec, state: dict[str, torch.Tensor]) -> dict[str, torc
     keys: a user's module's, or the zoo's layer list's (unchanged)."""
     if spec.chain is None:
         return state
-    return {key.split(".", 1)[1]: value for key, value in state.items()}
+    mine = {key.split(".", 1)[1]: value for key, value in state.items()}
+    for names in spec.chain.aliases:  # a tied weight under each of its names, as the module's state_dict has it
+        held = next((mine[n] for n in names if n in mine), None)
+        if held is not None:
+            mine.update(dict.fromkeys(names, held))
+    return mine
 
 
 def load_into(spec: ModelSpec, layers: list[nn.Module], state: dict[str, torch.Tensor], source: str = "") -> None:
@@ -66,8 +71,13 @@ def load_into(spec: ModelSpec, layers: list[nn.Module], state: dict[str, torch.T
     for i, layer in enumerate(layers):
         for name in layer.state_dict():
             wanted.setdefault(name if spec.chain is not None else f"{i}.{name}", []).append((i, name))
+    other = {}  # a tied weight's other names: either may be in the file
+    for names in spec.chain.aliases if spec.chain is not None else ():
+        for n in names:
+            other[n] = [m for m in names if m != n]
+    state = {**{k: state[a] for k in wanted if k not in state for a in other.get(k, ()) if a in state}, **state}
     missing = [k for k in wanted if k not in state]
-    unexpected = [k for k in state if k not in wanted]
+    unexpected = [k for k in state if k not in wanted and not any(a in wanted for a in other.get(k, ()))]
     if missing or unexpected:
         parts = [f"missing {_few(missing)}" if missing else "", f"unexpected {_few(unexpected)}" if unexpected else ""]
         raise UserError(f"weights {source or ''} do not match {spec.name}: " + "; ".join(p for p in parts if p))

@@ -33,6 +33,20 @@ def compress_hook(allreduce: str):
     return {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}[allreduce]
 
 
+def tied_groups(spec, plan, name: str) -> list[tuple[tuple, list[str], bool]]:
+    """The weights tied across stages that device `name` holds (engine.models.graph.Chain.ties): per tie, the tie,
+    the devices of every stage holding it (its all-reduce group) and whether `name` is its stage's first device
+    (the one whose stage-summed gradient counts: the others send zeros)."""
+    found = []
+    for tie in spec.chain.ties if spec.chain is not None else ():
+        stages = sorted({s for s, st in enumerate(plan.stages) for i, _ in tie if st.start <= i < st.end})
+        names = [d.name for s in stages for d in plan.stages[s].devices]
+        if len(stages) > 1 and name in names:
+            first = any(plan.stages[s].devices[0].name == name for s in stages)
+            found.append((tie, names, first))
+    return found
+
+
 class StageAllReduce:
     """Mixin of the device (engine.runtime.worker). Needs `stage_group`, `params`, `layers`, `plan`, `st`,
     `cluster`, `stage`, `gen`, `clock`, `link_free` and the device's `_fault`, `_event` and wait helpers.
@@ -116,6 +130,16 @@ class StageAllReduce:
         """A gradient step ran from `start` to `end` (wall); the last one times the buckets."""
         if self.stage_group is not None and act == self._last_gradient_act():
             self._gradient_step = (start, end)
+
+    def _reduce_ties(self) -> None:
+        """A weight several stages hold (a tied embedding) gets the sum of their gradients, each stage's counted once
+        (after its own all-reduce, so from its first device), so every copy takes the same step (Megatron's way)."""
+        a, b = self.stage_plan.start, self.stage_plan.end
+        for group, tie, first in self.ties:
+            p = next(self.layers[i].get_parameter(n) for i, n in tie if a <= i < b)
+            total = p.grad.detach().clone() if first and p.grad is not None else torch.zeros_like(p)
+            self._wait(self._allreduce(total, group), "the tied weights' all-reduce")
+            p.grad = total
 
     def _reduce_gradients(self, k: int) -> None:
         if self.stage_group is None or not self.params:

@@ -21,7 +21,7 @@ from tests.engine.clirun import run
 from tests.engine.runtime.helpers import cluster_of, make_plan, model_workload
 
 FILE = Path(__file__).with_name("usermodels.py")
-MODELS = {"resnet": "3,16,16", "unet": "3,16,16", "vit": "3,16,16", "tiny_lm": 16}
+MODELS = {"resnet": "3,16,16", "unet": "3,16,16", "vit": "3,16,16", "tiny_lm": 16, "tied_lm": 16}
 
 
 def ref_of(function: str) -> str:
@@ -107,11 +107,19 @@ def test_a_unet_cut_at_every_layer_one_device_a_stage_trains_as_one_process():
 
 
 def test_a_vit_on_uneven_shares_loses_a_device_and_still_trains_as_one_process():
-    stages = [(0, 2, [("nx-0", 3), ("tx2-1", 1)]), (2, 5, [("tx2-2", 2), ("nano-3", 2)])]
+    stages = [(0, 3, [("nx-0", 3), ("tx2-1", 1)]), (3, 6, [("tx2-2", 2), ("nano-3", 2)])]
     result = _trained("vit", stages, ["nx", "tx2", "tx2", "nano"], iterations=4,
                       faults=Faults(fail=(parse_fail("tx2-1@3:backward"),)))  # fmt: skip
     assert len(result.generations) == 2 and "tx2-1" not in result.devices
     _close(result, *one_process("vit", 8, 4))
+
+
+def test_tied_embeddings_on_two_stages_of_two_devices_train_as_one_parameter():
+    lm = get_model(ref_of("tied_lm"))
+    assert lm.chain.ties == (((0, "embed.weight"), (len(lm.chain.spans) - 1, "head.weight")),)
+    stages = [(0, 2, [("nx-0", 3), ("tx2-1", 1)]), (2, 5, [("tx2-2", 2), ("nano-3", 2)])]
+    result = _trained("tied_lm", stages, ["nx", "tx2", "tx2", "nano"])
+    _close(result, *one_process("tied_lm", 8, 3))
 
 
 def test_init_then_save_round_trip_into_the_users_module(tmp_path, capsys, profile_cache):

@@ -120,3 +120,10 @@ def raises():
 
 def not_a_module():
     return 42
+
+
+def tied_lm():
+    """TinyLM with its output layer tied to its input embedding (GPT-2's way): one parameter, two names."""
+    model = TinyLM()
+    model.head.weight = model.embed.weight
+    return model
