@@ -111,6 +111,13 @@ def _check_dataset(args: argparse.Namespace, model: str, batch_size: int, plan: 
         )
 
 
+def is_weights_file(path: str) -> bool:
+    """Whether `--save PATH` names a state_dict file (else, for a Hugging Face model, a model folder)."""
+    from engine.models.weights import WEIGHT_SUFFIXES
+
+    return Path(path).suffix in WEIGHT_SUFFIXES
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from engine.compression import compression_text, parse_compression
     from engine.events import said
@@ -126,7 +133,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         _check_distributed(args)
     outputs = (("--save", args.save), ("--events", args.events), ("--trace", args.trace))
     for option, path in outputs:
-        check_output(option, path)
+        if option == "--save" and path and (args.model or "").startswith("hf:") and not is_weights_file(path):
+            check_output_dir(option, path)  # a Hugging Face model's folder
+        else:
+            check_output(option, path)
     check_distinct(outputs)
     check_output_dir("--run-dir", args.run_dir)
     from engine.runtime.faults import FaultArgs
@@ -217,9 +227,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     )  # fmt: skip
     if args.save:
         from engine.models import get_model
-        from engine.models.weights import user_keys, write_state
+        from engine.models.weights import save_model
 
-        write_state(user_keys(get_model(plan.model), result.state_dict), args.save)
+        save_model(get_model(plan.model), result.state_dict, args.save)
     if args.trace:
         from engine.simulator import simulate
 

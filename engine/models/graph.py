@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import fx, nn
@@ -38,9 +38,10 @@ Tracer = Callable[[nn.Module], fx.GraphModule]
 
 @dataclass(frozen=True)
 class Value:
-    """A value live across a cut: its graph node, per-sample shape and dtype."""
+    """A value live across a cut: its graph node (by position: a new trace may name nodes otherwise), per-sample
+    shape and dtype."""
 
-    node: str
+    node: int
     shape: tuple[int, ...]
     dtype: torch.dtype
 
@@ -59,16 +60,20 @@ class Chain:
     spans: tuple[tuple[int, int], ...]
     cuts: tuple[tuple[Value, ...], ...]
     names: tuple[str, ...]
-    sizes: tuple[tuple[str, tuple[tuple[int, int], ...], bool], ...]
+    sizes: tuple[tuple[int, tuple[tuple[int, int], ...], bool], ...]  # (node, dims, a number rather than a shape)
     ties: tuple[tuple[tuple[int, str], ...], ...]
     aliases: tuple[tuple[str, ...], ...]
     tracer: Tracer
+    nodes: int  # the graph's size: a later trace of the same module must match it
 
     def layers(self, module: nn.Module) -> list[nn.Module]:
         """Fresh layers of `module` (built like the captured one: the same graph): its own parameters, shared."""
         gm = self.tracer(module)
-        sized = {name for name, _, _ in self.sizes}
-        graph = _Graph(gm, frozenset(n.name for n in gm.graph.nodes if _is_size(n) and n.name not in sized))
+        sized = {k for k, _, _ in self.sizes}
+        graph = _Graph(gm, frozenset(k for k, n in enumerate(_nodes(gm)) if _is_size(n) and k not in sized))
+        if len(graph.nodes) != self.nodes:
+            raise UserError(f"the module's graph has {len(graph.nodes)} nodes, {self.nodes} when it was planned: "
+                            "its code changed since; plan it again")  # fmt: skip
         return [self._layer(gm, graph, i) for i in range(len(self.spans))]
 
     def exact(self, boundary: int) -> bool:
@@ -83,7 +88,7 @@ class Chain:
             need |= g.ancestors(n)
         graph = fx.Graph()
         env: dict[fx.Node, object] = {}
-        by_name = {n.name: n for n in g.nodes}
+        by_name = g.nodes  # (by position)
         packed = graph.placeholder(g.order[0].name if a == 0 else "packed")
         if a == 0:
             env[g.order[0]] = packed
@@ -95,14 +100,14 @@ class Chain:
                 env[by_name[v.node]] = graph.call_method("to", (part, v.dtype)) if v.dtype != torch.float32 else part
                 offset += v.size
         batch = None
-        sizes = {name: (dims, scalar) for name, dims, scalar in self.sizes}
+        sizes = {g.nodes[k]: (dims, scalar) for k, dims, scalar in self.sizes}
         for n in g.nodes:
-            if n.name in sizes and n in need:  # a read of a shape: constants and multiples of the batch
-                if batch is None and any(k for _, k in sizes[n.name][0]):
+            if n in sizes and n in need:  # a read of a shape: constants and multiples of the batch
+                if batch is None and any(k for _, k in sizes[n][0]):
                     batch = graph.call_method("size", (packed, 0))
                 dims = [c if not k else (batch if k == 1 else graph.call_function(operator.mul, (batch, k)))
-                        for c, k in sizes[n.name][0]]  # fmt: skip
-                env[n] = dims[0] if sizes[n.name][1] else tuple(dims)
+                        for c, k in sizes[n][0]]  # fmt: skip
+                env[n] = dims[0] if sizes[n][1] else tuple(dims)
             elif n in mine or n in need:
                 env[n] = graph.node_copy(n, lambda x: env[x])
         if i == len(self.spans) - 1:
@@ -146,12 +151,12 @@ class _Graph:
     """The graph's nodes sorted by what they read: the input's data (`order`: cut between them), its shape only,
     or nothing of it (`free`: recomputed where needed)."""
 
-    def __init__(self, gm: fx.GraphModule, unsizable: frozenset[str] = frozenset()):
-        self.nodes = [n for n in gm.graph.nodes if n.op != "output"]
+    def __init__(self, gm: fx.GraphModule, unsizable: frozenset[int] = frozenset()):
+        self.nodes = _nodes(gm)
         data: set[fx.Node] = set()
-        for n in self.nodes:
+        for k, n in enumerate(self.nodes):
             reads = [a for a in n.all_input_nodes if a in data]
-            if n.op == "placeholder" or (reads and not (_is_size(n) and n.name not in unsizable)):
+            if n.op == "placeholder" or (reads and not (_is_size(n) and k not in unsizable)):
                 data.add(n)
         self.order = [n for n in self.nodes if n in data]
         self.free = {n for n in self.nodes if n not in data}
@@ -167,6 +172,10 @@ class _Graph:
                 if not _is_size(n):
                     stack += [a for a in n.all_input_nodes if a in self.free]
         return found
+
+
+def _nodes(gm: fx.GraphModule) -> list[fx.Node]:
+    return [n for n in gm.graph.nodes if n.op != "output"]
 
 
 def _result(graph: fx.Graph) -> fx.Node:
@@ -237,9 +246,10 @@ def capture(module: nn.Module, example: torch.Tensor, tracer: Tracer = symbolic,
     finally:
         module.train(was)
     two, three = runs
-    reads = [n for n in gm.graph.nodes if _is_size(n)]
-    dims = {n.name: _dims(two.values[n.name], three.values[n.name]) for n in reads}
-    g = _Graph(gm, frozenset(name for name, d in dims.items() if d is None))  # (others: shape reads, recomputed)
+    reads = [k for k, n in enumerate(_nodes(gm)) if _is_size(n)]
+    dims = {k: _dims(two.values[_nodes(gm)[k].name], three.values[_nodes(gm)[k].name]) for k in reads}
+    g = _Graph(gm, frozenset(k for k, d in dims.items() if d is None))  # (others: shape reads, recomputed)
+    index = {n: k for k, n in enumerate(g.nodes)}
     order = g.order
     position = {n: k for k, n in enumerate(order)}
     result = _result(gm.graph)
@@ -279,13 +289,13 @@ def capture(module: nn.Module, example: torch.Tensor, tracer: Tracer = symbolic,
         start = k + 1
     for k in cuts:
         values = [n for n in order[: k + 1] if last_use[n] > k]
-        live.append(tuple(Value(n.name, tuple(two.values[n.name].shape[1:]), two.values[n.name].dtype)
+        live.append(tuple(Value(index[n], tuple(two.values[n.name].shape[1:]), two.values[n.name].dtype)
                           for n in values))  # fmt: skip
     names = tuple(_label(i, [t for t, u in uses.items() if a <= min(u) < b], order[a:b])
                   for i, (a, b) in enumerate(spans))  # fmt: skip
-    sizes = tuple((name, d, isinstance(two.values[name], int)) for name, d in dims.items() if d is not None)
-    chain = Chain(tuple(spans), tuple(live), names, sizes, (), _aliases(module), tracer)
-    return Chain(chain.spans, chain.cuts, chain.names, sizes, _ties(chain.layers(module)), chain.aliases, tracer)
+    sizes = tuple((k, d, isinstance(two.values[g.nodes[k].name], int)) for k, d in dims.items() if d is not None)
+    chain = Chain(tuple(spans), tuple(live), names, sizes, (), _aliases(module), tracer, len(g.nodes))
+    return replace(chain, ties=_ties(chain.layers(module)))
 
 
 def _state_uses(gm: fx.GraphModule, g: _Graph, position: dict) -> dict[str, list[int]]:
@@ -343,7 +353,12 @@ def _balanced(allowed: list[int], flops: list[float], max_layers: int) -> list[i
 
 def _label(index: int, tops: list[str], nodes: list[fx.Node]) -> str:
     """ "3:blocks.0.conv2+blocks.0.norm2" from the modules and parameters the layer uses (or its first function)."""
-    if not tops:
-        tops = [n.name for n in nodes if n.op != "placeholder"][:1] or ["input"]
-    text = "+".join(tops[:3]) + ("+…" if len(tops) > 3 else "")
+    modules = []
+    for t in tops:  # a parameter by its module: transformer.h.0.attn.c_attn, not its weight and its bias
+        owner = t.rsplit(".", 1)[0] if t.rsplit(".", 1)[-1] in ("weight", "bias") and "." in t else t
+        if owner not in modules:
+            modules.append(owner)
+    if not modules:
+        modules = [n.name for n in nodes if n.op != "placeholder"][:1] or ["input"]
+    text = "+".join(modules[:2]) + ("+…" if len(modules) > 2 else "")
     return f"{index}:{text}"

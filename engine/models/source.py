@@ -1,8 +1,10 @@
-"""Models named by reference: the zoo's names, or a lab's own module, `PATH.py:FUNCTION@INPUT`.
+"""Models named by reference: the zoo's names, a lab's own module (`PATH.py:FUNCTION@INPUT`) or a Hugging Face
+model folder (`hf:DIR@text:N`, engine.models.hf).
 
     get_model("mobilenetv2")                                    # the zoo
     get_model("/lab/unet.py:build@image:3,64,64")               # FUNCTION() returns an nn.Module; images in
     get_model("/lab/lm.py:tiny_gpt@text:128")                    # token ids in (128 per sample)
+    get_model("hf:/lab/gpt2-small@text:128")                     # config.json (+ weights) in the folder
 
 `reference(...)` writes the canonical form (an absolute path) from what a user types: the CLI's `--model
 unet.py:build --input-shape 3,64,64`. The reference is what plans, profiles and the boards carry: every process
@@ -25,7 +27,7 @@ import torch
 from torch import nn
 
 from engine.errors import UserError
-from engine.models.graph import capture
+from engine.models.graph import capture, symbolic
 from engine.models.randomness import Dropout
 from engine.models.spec import ModelSpec
 
@@ -34,32 +36,45 @@ INPUTS = ("image", "text")
 
 @dataclass(frozen=True)
 class Reference:
-    path: Path
-    function: str
+    path: Path  # the Python file, or the Hugging Face folder
+    function: str  # "" for a Hugging Face folder
     input: str  # image or text
     shape: tuple[int, ...]  # per sample: C,H,W (or any) for images; (T,) for text
 
+    @property
+    def hf(self) -> bool:
+        return not self.function
+
     def __str__(self) -> str:
-        return f"{self.path}:{self.function}@{self.input}:{','.join(map(str, self.shape))}"
+        where = f"hf:{self.path}" if self.hf else f"{self.path}:{self.function}"
+        return f"{where}@{self.input}:{','.join(map(str, self.shape))}"
 
 
 def is_reference(name: str) -> bool:
-    """Whether `name` names a module in a file rather than a zoo model."""
-    return ".py:" in name
+    """Whether `name` names a module in a file or a Hugging Face folder rather than a zoo model."""
+    return name.startswith("hf:") or ".py:" in name
 
 
 def parse_reference(name: str) -> Reference:
-    """The parts of `PATH.py:FUNCTION@image:C,H,W` or `PATH.py:FUNCTION@text:T`; a UserError says what is wrong."""
+    """The parts of `PATH.py:FUNCTION@image:C,H,W`, `PATH.py:FUNCTION@text:T` or `hf:DIR@text:T`; a UserError
+    says what is wrong."""
     head, _, tail = name.partition("@")
-    path, _, function = head.rpartition(":")
-    if not path.endswith(".py") or not function.isidentifier():
-        raise UserError(f"model {name!r}: expected PATH.py:FUNCTION, a Python file and a function in it")
+    if head.startswith("hf:"):
+        path, function = head[3:], ""
+        if not path:
+            raise UserError(f"model {name!r}: expected hf:DIR, a Hugging Face model folder")
+    else:
+        path, _, function = head.rpartition(":")
+        if not path.endswith(".py") or not function.isidentifier():
+            raise UserError(f"model {name!r}: expected PATH.py:FUNCTION, a Python file and a function in it")
     kind, _, dims = tail.partition(":")
     if kind not in INPUTS:
         raise UserError(f"model {name!r} needs its input: --input-shape C,H,W for images or --seq-len N for text")
     shape = shape_of(dims, "--seq-len" if kind == "text" else "--input-shape")
     if kind == "text" and len(shape) != 1:
         raise UserError(f"model {name!r}: a text input is one length (--seq-len N), got {dims!r}")
+    if not function and kind != "text":
+        raise UserError(f"model {name!r}: a Hugging Face model takes token ids: give --seq-len N")
     return Reference(Path(path), function, kind, shape)
 
 
@@ -81,7 +96,8 @@ def reference(model: str, input_shape: str | None = None, seq_len: int | None = 
     if not is_reference(model):
         return model
     head, at, tail = model.partition("@")
-    path, _, function = head.rpartition(":")
+    hf = head.startswith("hf:")
+    path, _, function = (head, "", head[3:]) if hf else head.rpartition(":")
     if input_shape and seq_len:
         raise UserError("give --input-shape (images) or --seq-len (text), not both")
     if at:
@@ -92,15 +108,25 @@ def reference(model: str, input_shape: str | None = None, seq_len: int | None = 
         tail = f"text:{seq_len}"
     else:
         raise UserError(f"model {model}: give its input, --input-shape C,H,W for images or --seq-len N for text")
-    return str(parse_reference(f"{Path(path).expanduser().resolve()}:{function}@{tail}"))
+    where = f"hf:{Path(function).expanduser().resolve()}" if hf else f"{Path(path).expanduser().resolve()}:{function}"
+    return str(parse_reference(f"{where}@{tail}"))
 
 
 def file_hash(path: Path) -> str:
-    """The SHA-256 of a model file, hex (a UserError when it cannot be read)."""
+    """The SHA-256 of a model file, or of a folder's files (names and contents, in name order), hex; a UserError
+    when it cannot be read."""
+    digest = hashlib.sha256()
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
+        if path.is_dir():
+            for f in sorted(p for p in path.rglob("*") if p.is_file()):
+                digest.update(str(f.relative_to(path)).encode() + b"\0")
+                digest.update(hashlib.sha256(f.read_bytes()).digest())
+        else:
+            digest.update(path.read_bytes())
     except OSError as exc:
-        raise UserError(f"cannot read model file {path}: {exc.strerror or exc}") from None
+        what = "folder" if path.is_dir() else "file"
+        raise UserError(f"cannot read model {what} {path}: {exc.strerror or exc}") from None
+    return digest.hexdigest()
 
 
 def _builder(ref: Reference, digest: str):
@@ -149,7 +175,12 @@ def _first(exc: BaseException) -> str:
 @functools.lru_cache(maxsize=16)
 def _user_model(name: str, digest: str) -> ModelSpec:
     ref = parse_reference(name)
-    build = _builder(ref, digest)
+    if ref.hf:
+        from engine.models.hf import exporter, hf_builder
+
+        build, _task = hf_builder(ref.path)
+    else:
+        build = _builder(ref, digest)
     with torch.random.fork_rng(devices=[]), torch.device("cpu"):  # (a caller may be building on the meta device)
         torch.manual_seed(0)
         module = build()
@@ -158,11 +189,13 @@ def _user_model(name: str, digest: str) -> ModelSpec:
             example = torch.randint(vocab, (2, *ref.shape))
         else:
             example = torch.randn((2, *ref.shape))
-        chain = capture(module, example)
+        chain = capture(module, example, exporter(example) if ref.hf else symbolic)
         with torch.no_grad():
             module.eval()
             out = module(example)
     out = out[0] if isinstance(out, (tuple, list)) else out.get("logits") if isinstance(out, dict) else out
+    raw = getattr(out, "logits", None)  # a Hugging Face ModelOutput
+    out = raw if raw is not None else out
     if ref.input == "text":
         if not (isinstance(out, torch.Tensor) and out.dim() == 3 and out.shape[:2] == (2, ref.shape[0])):
             raise UserError(f"{ref.function}() takes token ids but its output is not [batch, {ref.shape[0]}, vocab]")
@@ -180,8 +213,9 @@ def _user_model(name: str, digest: str) -> ModelSpec:
     return ModelSpec(
         name=name, family=family, task=task, input_shape=ref.shape,
         input_dtype="int64" if ref.input == "text" else "float32", num_classes=int(classes),
-        description=f"{ref.function}() from {ref.path.name}, {len(chain.spans)} layers cut from its graph",
-        factory=layers, vocab_size=int(vocab), chain=chain, digest=digest,
+        description=f"{f'{ref.function}() from ' if ref.function else 'Hugging Face folder '}{ref.path.name}, "
+        f"{len(chain.spans)} layers cut from its graph",
+        factory=layers, vocab_size=int(vocab), chain=chain, digest=digest, build=build,
     )  # fmt: skip
 
 

@@ -45,7 +45,8 @@ class ModelSpec:
     factory: Callable[[], list[nn.Module]]
     vocab_size: int = 0
     chain: Any = None  # a user's module (engine.models.graph.Chain): its cuts; None for the zoo's hand-cut layers
-    digest: str = ""  # a user's module: the SHA-256 of its file
+    digest: str = ""  # a user's module: the SHA-256 of its file (or folder)
+    build: Any = None  # a user's module: the function that builds it whole (its own class, its own keys)
 
     def compressible(self, boundary: int) -> bool:
         """Whether what crosses the cut before layer `boundary` may be compressed (not when it holds integers)."""

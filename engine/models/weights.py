@@ -16,6 +16,8 @@ from torch import nn
 from engine.errors import UserError
 from engine.models.spec import ModelSpec
 
+WEIGHT_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors")  # a state_dict file; else a Hugging Face model's folder
+
 
 def read_state(path: str | Path) -> dict[str, torch.Tensor]:
     """A state_dict from a `.pt`/`.pth` (tensors only: no code runs) or a `.safetensors` file."""
@@ -49,6 +51,20 @@ def write_state(state: dict[str, torch.Tensor], path: str | Path) -> None:
             torch.save(state, path)
     except OSError as exc:
         raise UserError(f"cannot write model {path}: {exc.strerror or exc}") from None
+
+
+def save_model(spec: ModelSpec, state: dict[str, torch.Tensor], path: str | Path) -> None:
+    """Write a run's assembled state as the model's own: a state_dict file, or (a Hugging Face model and a path
+    without a weights suffix) a folder `from_pretrained` reads."""
+    path = Path(path)
+    mine = user_keys(spec, state)
+    if spec.name.startswith("hf:") and path.suffix not in WEIGHT_SUFFIXES:
+        from engine.models.hf import save_folder
+        from engine.models.source import parse_reference
+
+        save_folder(spec.build, parse_reference(spec.name).path, mine, path)
+    else:
+        write_state(mine, path)
 
 
 def user_keys(spec: ModelSpec, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -77,10 +77,12 @@ class StageAllReduce:
         self._raise_send_error()
 
     def _arm(self) -> None:
+        seen: set[int] = set()  # a weight two of the stage's layers hold (tied) goes in the first one's bucket
         self._buckets = [
-            [p for layer in self.layers[b.start : b.end] for p in layer.parameters() if p.requires_grad]
+            [p for layer in self.layers[b.start : b.end] for p in layer.parameters()
+             if p.requires_grad and id(p) not in seen and not seen.add(id(p))]
             for b in self.st.buckets
-        ]
+        ]  # fmt: skip
         self._bucket_of = {id(p): n for n, ps in enumerate(self._buckets) for p in ps}
         self._finished, self._sent, self._send_error = [set() for _ in self._buckets], [], None
         self._gradient_step = None

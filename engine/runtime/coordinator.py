@@ -15,6 +15,7 @@ speed drift) and central.py (the central replica); this module holds the set-up,
 
 from __future__ import annotations
 
+import contextlib
 import math
 import queue
 import socket
@@ -65,8 +66,10 @@ class RunFailed(UserError):
 def with_model_bytes(w: Workload) -> Workload:
     """`w` with its model's real parameter and momentum bytes, what replication and restores send (a workload
     made up for a test may say otherwise)."""
-    with torch.device("meta"):  # shapes only: nothing allocated
-        layers = get_model(w.model).layers()
+    spec = get_model(w.model)
+    # shapes only, nothing allocated (a captured graph is traced for real: on the meta device it differs)
+    with torch.device("meta") if spec.chain is None else contextlib.nullcontext():
+        layers = spec.layers()
     sizes = tuple(sum(p.numel() * p.element_size() for p in layer.parameters()) for layer in layers)
     return replace(w, param_bytes=sizes, optimizer_bytes=sizes)
 

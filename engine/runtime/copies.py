@@ -105,9 +105,8 @@ class Copies:
         momentum = layerstate.apply(self.layers, got)
         stage = next(st for st in gen.plan.stages if self.name in [s.name for s in st.devices])
         self.own = (stage.start, stage.end)
-        self.params = [
-            p for layer in self.layers[stage.start : stage.end] for p in layer.parameters() if p.requires_grad
-        ]
+        own = [p for layer in self.layers[stage.start : stage.end] for p in layer.parameters() if p.requires_grad]
+        self.params = list({id(p): p for p in own}.values())  # a weight two of its layers hold (tied) once
         self.optimizer = None
         if self.params:
             self.optimizer = torch.optim.SGD(self.params, lr=self.opts.lr, momentum=self.opts.momentum)

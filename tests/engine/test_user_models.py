@@ -114,10 +114,17 @@ def test_a_vit_on_uneven_shares_loses_a_device_and_still_trains_as_one_process()
     _close(result, *one_process("vit", 8, 4))
 
 
-def test_tied_embeddings_on_two_stages_of_two_devices_train_as_one_parameter():
+@pytest.mark.parametrize(
+    "stages",
+    [
+        [(0, 2, [("nx-0", 3), ("tx2-1", 1)]), (2, 5, [("tx2-2", 2), ("nano-3", 2)])],  # a copy on each stage
+        [(0, 5, [("nx-0", 3), ("tx2-1", 1)])],  # both names on one stage of two devices: one weight, reduced once
+    ],
+    ids=["two-stages", "one-stage"],
+)
+def test_tied_embeddings_train_as_one_parameter(stages):
     lm = get_model(ref_of("tied_lm"))
     assert lm.chain.ties == (((0, "embed.weight"), (len(lm.chain.spans) - 1, "head.weight")),)
-    stages = [(0, 2, [("nx-0", 3), ("tx2-1", 1)]), (2, 5, [("tx2-2", 2), ("nano-3", 2)])]
     result = _trained("tied_lm", stages, ["nx", "tx2", "tx2", "nano"])
     _close(result, *one_process("tied_lm", 8, 3))
 
@@ -173,3 +180,77 @@ def test_weights_that_do_not_match_are_one_line_naming_the_keys(tmp_path, capsys
         from engine.models.weights import read_state
 
         read_state(tmp_path / "junk.pt")
+
+
+# -- Hugging Face folders -------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gpt2_folder(tmp_path_factory):
+    """A GPT-2 of a small local config (no dropout: the captured graph has none), no weights: built fresh."""
+    from transformers import GPT2Config
+
+    folder = tmp_path_factory.mktemp("gpt2")
+    GPT2Config(vocab_size=300, n_positions=32, n_embd=32, n_layer=2, n_head=4, bos_token_id=0, eos_token_id=0,
+               resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+               architectures=["GPT2LMHeadModel"]).save_pretrained(folder)  # fmt: skip
+    return folder
+
+
+def hf_one_process(folder, batch: int, iterations: int, init: dict | None = None):
+    from transformers import AutoModelForCausalLM
+
+    spec = get_model(reference(f"hf:{folder}", seq_len=16))
+    torch.manual_seed(0)
+    net = AutoModelForCausalLM.from_config(__import__("transformers").AutoConfig.from_pretrained(folder))
+    if init is not None:
+        net.load_state_dict(init, strict=True)
+    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    data = get_dataset("synthetic", spec, size=2048, seed=0)
+    losses = []
+    for k in range(iterations):
+        x, y = load(data, batch_indices(len(data), batch, 0, k))
+        loss = spec.loss(net(input_ids=x, use_cache=False).logits, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses, net.state_dict()
+
+
+def test_a_hugging_face_gpt2_cut_at_every_layer_trains_as_one_process(gpt2_folder):
+    ref = reference(f"hf:{gpt2_folder}", seq_len=16)
+    spec = get_model(ref)
+    n = len(spec.chain.spans)
+    assert spec.task == "language-modeling" and n >= 5 and spec.chain.ties  # the tied embedding and head
+    stages = [(k, k + 1, [(f"nano-{k}", 4)]) for k in range(n)]
+    plan = make_plan(ref, cluster_of(*["nano"] * n), 8, 2, stages)
+    options = RunOptions(iterations=3, emulate=False, save_model=True, timeout_s=60)
+    result = train(plan, model_workload(ref), options, replicate_every=1)
+    _close(result, *hf_one_process(gpt2_folder, 8, 3))
+
+
+def test_a_hugging_face_model_comes_back_as_a_folder_from_pretrained_reads(gpt2_folder, tmp_path, capsys,
+                                                                          profile_cache):  # fmt: skip
+    from transformers import AutoModelForCausalLM
+
+    code, _, err = run(capsys, "train", "--model", f"hf:{gpt2_folder}", "--seq-len", "16", "--cluster", "D",
+                       "--batch-size", "8", "--iterations", "2", "--save", str(tmp_path / "trained"),
+                       "--run-dir", str(tmp_path / "run"), "--json")  # fmt: skip
+    assert code == 0, err
+    back = AutoModelForCausalLM.from_pretrained(tmp_path / "trained", local_files_only=True)
+    _, expected = hf_one_process(gpt2_folder, 8, 2)
+    for k, v in back.state_dict().items():
+        torch.testing.assert_close(v, expected[k], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("files", "message"),
+    [({}, "has no config.json"), ({"config.json": "{not json"}, "cannot read config.json")],
+)
+def test_a_folder_that_is_not_a_hugging_face_model_is_one_line(tmp_path, capsys, files, message):
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    code, _, err = run(capsys, "plan", "--model", f"hf:{tmp_path}", "--seq-len", "16", "--cluster", "D",
+                       "--batch-size", "8")  # fmt: skip
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
