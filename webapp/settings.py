@@ -53,6 +53,7 @@ INSTALLED_APPS = [
     "webapp.accounts",
     "webapp.devices",
     "webapp.jobs",
+    "webapp.catalog",
     "webapp.front",
 ]
 

@@ -9,6 +9,7 @@ from django.views.generic import RedirectView
 from webapp.accounts import api_errors, users
 from webapp.accounts import views as accounts
 from webapp.agents import views as agents
+from webapp.catalog import views as catalog
 from webapp.devices import api as devices_api
 from webapp.devices import views as devices
 from webapp.front import views as front
@@ -25,6 +26,9 @@ urlpatterns = [
     path("devices/<int:device_id>/disable/", agents.device_disable, name="device-disable"),
     path("devices/<int:device_id>/enable/", devices.device_enable, name="device-enable"),
     path("devices/<int:device_id>/remove/", agents.device_remove, name="device-remove"),
+    path("models/", catalog.model_list, name="models"),
+    path("models/add/", catalog.model_add, name="model-add"),
+    path("models/<int:model_id>/remove/", catalog.model_remove, name="model-remove"),
     path("jobs/", history.job_list, name="jobs"),
     path("jobs/compare/", history.job_compare, name="job-compare"),
     path("jobs/new/", jobs.job_new, name="job-new"),

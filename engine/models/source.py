@@ -20,7 +20,7 @@ import functools
 import hashlib
 import importlib.util
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -40,6 +40,7 @@ class Reference:
     function: str  # "" for a Hugging Face folder
     input: str  # image or text
     shape: tuple[int, ...]  # per sample: C,H,W (or any) for images; (T,) for text
+    digest: str = ""  # the SHA-256 the file (or folder) must have: a site pins what it registered
 
     @property
     def hf(self) -> bool:
@@ -47,7 +48,8 @@ class Reference:
 
     def __str__(self) -> str:
         where = f"hf:{self.path}" if self.hf else f"{self.path}:{self.function}"
-        return f"{where}@{self.input}:{','.join(map(str, self.shape))}"
+        pin = f"#sha256:{self.digest}" if self.digest else ""
+        return f"{where}@{self.input}:{','.join(map(str, self.shape))}{pin}"
 
 
 def is_reference(name: str) -> bool:
@@ -57,7 +59,10 @@ def is_reference(name: str) -> bool:
 
 def parse_reference(name: str) -> Reference:
     """The parts of `PATH.py:FUNCTION@image:C,H,W`, `PATH.py:FUNCTION@text:T` or `hf:DIR@text:T`; a UserError
-    says what is wrong."""
+    says what is wrong. A `#sha256:HEX` at the end pins the file's content."""
+    name, _, pin = name.partition("#sha256:")
+    if pin and (len(pin) != 64 or any(c not in "0123456789abcdef" for c in pin)):
+        raise UserError(f"model {name!r}: #sha256: must be followed by 64 hex digits")
     head, _, tail = name.partition("@")
     if head.startswith("hf:"):
         path, function = head[3:], ""
@@ -75,7 +80,7 @@ def parse_reference(name: str) -> Reference:
         raise UserError(f"model {name!r}: a text input is one length (--seq-len N), got {dims!r}")
     if not function and kind != "text":
         raise UserError(f"model {name!r}: a Hugging Face model takes token ids: give --seq-len N")
-    return Reference(Path(path), function, kind, shape)
+    return Reference(Path(path), function, kind, shape, pin)
 
 
 def shape_of(text: str, flag: str) -> tuple[int, ...]:
@@ -87,6 +92,13 @@ def shape_of(text: str, flag: str) -> tuple[int, ...]:
     if not shape or any(d < 1 for d in shape) or len(shape) > 4:
         raise UserError(f"{flag} must be up to four positive whole numbers separated by commas, got {text!r}")
     return shape
+
+
+def pinned(model: str) -> str:
+    """The canonical reference of `model` with the hash of its file (or folder) as it is now: what a site registers,
+    so every board checks that it reads the same code."""
+    ref = parse_reference(model)
+    return str(replace(ref, digest=file_hash(ref.path)))
 
 
 def reference(model: str, input_shape: str | None = None, seq_len: int | None = None) -> str:
@@ -115,6 +127,8 @@ def reference(model: str, input_shape: str | None = None, seq_len: int | None = 
 def file_hash(path: Path) -> str:
     """The SHA-256 of a model file, or of a folder's files (names and contents, in name order), hex; a UserError
     when it cannot be read."""
+    if not path.exists():
+        raise UserError(f"model {'folder' if not path.suffix else 'file'} {path} does not exist")
     digest = hashlib.sha256()
     try:
         if path.is_dir():
@@ -228,6 +242,13 @@ def _vocabulary(module: nn.Module) -> int:
 
 
 def user_model(name: str) -> ModelSpec:
-    """The spec of a module in a file, built once per process and file content."""
+    """The spec of a module in a file, built once per process and file content; a reference that pins a hash
+    refuses a file (or folder) whose content differs (one line: what was registered is not what is here)."""
     ref = parse_reference(name)
-    return _user_model(str(ref), file_hash(ref.path))
+    digest = file_hash(ref.path)
+    if ref.digest and ref.digest != digest:
+        raise UserError(
+            f"model {ref.path} is not the one planned for: its SHA-256 is {digest[:12]}…, the job's {ref.digest[:12]}…"
+            " (the file differs on this machine: copy the registered one here, or register it again)"
+        )
+    return _user_model(str(ref), digest)

@@ -208,9 +208,11 @@ class RemoteFleet:
 def run_options(job: Job):
     """The engine's run options of a job (the same for every device and for its coordinator)."""
     from engine.runtime.options import RunOptions
+    from webapp.catalog.models import init_of
 
     return RunOptions(
         **job.option_values,
+        init=init_of(job.model),
         iterations=job.iterations,
         dataset=job.dataset,
         emulate=job.emulated,

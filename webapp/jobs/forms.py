@@ -9,6 +9,7 @@ from engine.devices import LIMITS
 from engine.errors import UserError
 from engine.models import get_model, model_names
 from engine.runtime.options import RunOptions, settable
+from webapp.catalog.models import LabModel, reference_of
 from webapp.devices.models import Device
 from webapp.jobs.planning import unmixed
 from webapp.lib.fields import number, whole_number
@@ -52,7 +53,8 @@ class JobForm(forms.Form):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.fields["model"].choices = [(m, m) for m in model_names()]
+        lab = [(m.name, f"{m.name} (the lab's: {m.task})") for m in LabModel.objects.all()]
+        self.fields["model"].choices = [(m, m) for m in model_names()] + lab
         # the datasets read from a path on the devices are the CLI's: a job has no data folder yet
         self.fields["dataset"].choices = [(d, d) for d in dataset_names() if d not in PATH_DATASETS]
         for name, spec in settable().items():  # the run options, from their declarations
@@ -72,11 +74,13 @@ class JobForm(forms.Form):
             if name in data and data[name] in (None, ""):  # left empty, or out of an API request: the default
                 data[name] = spec["default"]
         model, dataset, size = data.get("model"), data.get("dataset"), None
+        if model:  # what the job trains: a registered model's pinned reference, or the zoo's name
+            data["model"] = model = reference_of(model)
         if model and dataset:
             try:  # a dataset that cannot serve the model is an error
                 size = train_size(dataset, get_model(model))
             except UserError as exc:
-                self.add_error("dataset", str(exc))
+                self.add_error("dataset" if "dataset" in str(exc) else "model", str(exc))
         if data.get("iterations") is None and data.get("epochs") is None:
             if not {"iterations", "epochs"} & set(self.errors):  # a bad value given already says what is wrong
                 self.add_error("iterations", "Give the number of iterations or of epochs.")

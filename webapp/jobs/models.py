@@ -40,7 +40,7 @@ class Job(models.Model):
 
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="jobs")
     # The request.
-    model = models.CharField(max_length=64)
+    model = models.CharField(max_length=600)  # a zoo name, or a registered model's reference (webapp.catalog)
     dataset = models.CharField(max_length=32, default="synthetic")
     batch_size = models.PositiveIntegerField(default=64)
     iterations = models.PositiveIntegerField(default=20)

@@ -14,7 +14,9 @@ REQUEST = ("model", "dataset", "batch_size", "iterations", "bandwidth_mbps", "co
 
 def request_of(job: Job) -> dict:
     """A job's settings as the job form takes them (to run it again, or to re-plan it)."""
-    return {**{k: getattr(job, k) for k in REQUEST}, **job.option_values}
+    from webapp.catalog.models import name_of
+
+    return {**{k: getattr(job, k) for k in REQUEST}, **job.option_values, "model": name_of(job.model)}
 
 
 def visible_jobs(user):

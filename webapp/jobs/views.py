@@ -40,7 +40,10 @@ def job_new(request):
 def job_detail(request, job_id: int):
     """The plan page: how the job will run and why this plan; launch or re-plan from here."""
     job = _job(request, job_id)
+    from webapp.catalog.models import LabModel
+
     context = {"job": job, "replan_form": None, "launched": job.plan}
+    context["lab_model"] = LabModel.objects.filter(reference=job.model).first()  # a lab's own: its layers
     plan = job.plan_object
     if job.generations:  # the sections below are about the plan as launched; later ones are listed after them
         context["launched"] = job.generations[0]["plan"]
