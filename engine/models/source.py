@@ -108,19 +108,20 @@ def reference(model: str, input_shape: str | None = None, seq_len: int | None = 
     if not is_reference(model):
         return model
     head, at, tail = model.partition("@")
-    hf = head.startswith("hf:")
-    path, _, function = (head, "", head[3:]) if hf else head.rpartition(":")
+    if head.startswith("hf:"):
+        where = f"hf:{Path(head[3:]).expanduser().resolve()}"
+    else:
+        path, _, function = head.rpartition(":")
+        where = f"{Path(path).expanduser().resolve()}:{function}"
     if input_shape and seq_len:
         raise UserError("give --input-shape (images) or --seq-len (text), not both")
-    if at:
-        pass
-    elif input_shape:
-        tail = f"image:{','.join(map(str, shape_of(input_shape, '--input-shape')))}"
-    elif seq_len:
-        tail = f"text:{seq_len}"
-    else:
-        raise UserError(f"model {model}: give its input, --input-shape C,H,W for images or --seq-len N for text")
-    where = f"hf:{Path(function).expanduser().resolve()}" if hf else f"{Path(path).expanduser().resolve()}:{function}"
+    if not at:  # (a reference that says its input keeps it)
+        if input_shape:
+            tail = f"image:{','.join(map(str, shape_of(input_shape, '--input-shape')))}"
+        elif seq_len:
+            tail = f"text:{seq_len}"
+        else:
+            raise UserError(f"model {model}: give its input, --input-shape C,H,W for images or --seq-len N for text")
     return str(parse_reference(f"{where}@{tail}"))
 
 
@@ -151,10 +152,13 @@ def _builder(ref: Reference, digest: str):
     if name not in sys.modules:
         spec = importlib.util.spec_from_file_location(name, ref.path)
         module = importlib.util.module_from_spec(spec)
+        sys.path.insert(0, str(ref.path.parent))  # the file's own helpers beside it import as they do for the lab
         try:
             spec.loader.exec_module(module)
         except Exception as exc:
             raise UserError(f"model file {ref.path} fails to load: {type(exc).__name__}: {_first(exc)}") from None
+        finally:
+            sys.path.remove(str(ref.path.parent))
         sys.modules[name] = module
     function = getattr(sys.modules[name], ref.function, None)
     if not callable(function):
