@@ -1,5 +1,5 @@
 """Benchmarks, kept apart from the library: `python -m engine bench planner|reproduce|recovery|compression|predictor|
-spread|ideal|schedule` (arguments in engine/cli/parser.py).
+spread|ideal|schedule|usermodels` (arguments in engine/cli/parser.py).
 
 planner.py: planning time and every method's predicted throughput; reproduce.py: every method trained on emulated
 clusters A-D, and its summaries as plain data; render.py: those summaries as markdown and a Plotly figure.
@@ -18,7 +18,7 @@ def run(args: argparse.Namespace) -> str:
     """The markdown report of the benchmark `args.name`, from the `python -m engine bench` arguments."""
     benches = {"planner": run_planner, "reproduce": run_reproduce, "recovery": run_recovery}
     benches |= {"compression": run_compression, "predictor": run_predictor, "spread": run_spread, "ideal": run_ideal}
-    benches["schedule"] = run_schedule
+    benches |= {"schedule": run_schedule, "usermodels": run_usermodels}
     return benches[args.name](args)
 
 
@@ -227,6 +227,21 @@ def run_ideal(args: argparse.Namespace) -> str:
     names, clusters, mbps = _models(args, MODELS, MODELS), _clusters(args, "BC"), _one_bandwidth(args, "ideal")
     rows = ideal.ideal_bench({m: MODELS[m] for m in names}, clusters, mbps, sys.stderr.isatty())
     return ideal.report(rows, _command("ideal"), mbps)
+
+
+def run_usermodels(args: argparse.Namespace) -> str:
+    """A lab's own models (default: examples/'s ResNet-18 with GroupNorm, U-Net and GPT-2 folder; --models takes
+    references, FILE.py:FUNCTION@image:C,H,W or hf:DIR@text:N, at batch 32): capture, plan on A-D, train on C."""
+    from engine.bench import usermodels
+    from engine.models.source import reference
+
+    if args.models:
+        models = {reference(m.strip()): 32 for m in args.models.split(",") if m.strip()}
+    else:
+        models = usermodels.MODELS
+    iterations = _iterations(args, "usermodels", usermodels.ITERATIONS)
+    rows = usermodels.usermodels_bench(models, _clusters(args, "ABCD"), not args.quick, iterations)
+    return usermodels.report(rows, _command("usermodels"))
 
 
 def run_schedule(args: argparse.Namespace) -> str:

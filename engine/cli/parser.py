@@ -261,7 +261,17 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="run a benchmark and print its tables")
     b.add_argument(
         "name",
-        choices=["planner", "reproduce", "recovery", "compression", "predictor", "spread", "ideal", "schedule"],
+        choices=[
+            "planner",
+            "reproduce",
+            "recovery",
+            "compression",
+            "predictor",
+            "spread",
+            "ideal",
+            "schedule",
+            "usermodels",
+        ],
         help="planner: planning time and predicted throughput; reproduce: train every method on clusters A-D; "
         "recovery: recovery from killed devices against a checkpoint-restart baseline; compression: training at "
         "each compression level between stages against none; predictor: latency prediction for an unseen device, leave "
@@ -269,7 +279,8 @@ def build_parser() -> argparse.ArgumentParser:
         "FTPipeHD and the even pipeline trained; ideal: where the device time of Asteroid's plans goes against the "
         "ideal, by batch size (simulated; default clusters B and C at 1000 Mbps); schedule: 1F1B against the "
         "zero-bubble schedules on Asteroid's plans, simulated and trained (default mobilenetv2 and gpt-small on B "
-        "and C at 1000 Mbps; --quick: simulated only)",
+        "and C at 1000 Mbps; --quick: simulated only); usermodels: a lab's own models (examples/), captured, planned "
+        "on A-D and trained on C (--quick: not trained)",
     )
     b.add_argument("--quick", action="store_true", help="a small grid, for a fast look")
     b.add_argument("--timeout", type=_positive_float, default=60.0, help="planner: seconds allowed per cell")
