@@ -232,20 +232,7 @@ def capture(module: nn.Module, example: torch.Tensor, tracer: Tracer = symbolic,
     if len(placeholders) != 1:
         names = ", ".join(n.name for n in placeholders)
         raise UserError(f"the module's forward takes {len(placeholders)} inputs ({names}): it must take one tensor")
-    runs = []
-    was = module.training
-    module.eval()
-    try:
-        with torch.no_grad():
-            for batch in (example[:2], torch.cat([example[:2], example[:1]])):
-                recorder = _Recorder(gm)
-                recorder.run(batch)
-                runs.append(recorder)
-    except Exception as exc:
-        raise UserError(f"the module rejects an input of shape {tuple(example.shape[1:])}: {_first(exc)}") from None
-    finally:
-        module.train(was)
-    two, three = runs
+    two, three = _run_twice(gm, module, example)
     reads = [k for k, n in enumerate(_nodes(gm)) if _is_size(n)]
     dims = {k: _dims(two.values[_nodes(gm)[k].name], three.values[_nodes(gm)[k].name]) for k in reads}
     g = _Graph(gm, frozenset(k for k, d in dims.items() if d is None))  # (others: shape reads, recomputed)
@@ -258,29 +245,8 @@ def capture(module: nn.Module, example: torch.Tensor, tracer: Tracer = symbolic,
         users = [position[u] for u in n.users if u in position]  # (its other users only read its shape)
         last_use[n] = max(users + ([len(order)] if n is result else []), default=position[n])
 
-    def batched(n: fx.Node) -> bool:
-        x, y = two.values.get(n.name), three.values.get(n.name)
-        return (
-            isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.dim() >= 1
-            and x.shape[0] == 2 and y.shape[0] == 3 and x.shape[1:] == y.shape[1:]
-        )  # fmt: skip
-
-    allowed = [True] * len(order)
-    for n in order:
-        if not batched(n):
-            for k in range(position[n], last_use[n]):
-                allowed[k] = False
     uses = _state_uses(gm, g, position)
-    for target, used in uses.items():
-        if _stateful(gm, target):  # a module with buffers called from two layers: its statistics would part
-            for k in range(min(used), max(used)):
-                allowed[k] = False
-    # a layer starts where weights are used (a convolution, a linear, a norm...): the functions between two such
-    # (an activation, an addition) stay with the weights before them
-    starts = {k for used in uses.values() for k in used}
-    for k in range(len(order) - 1):
-        allowed[k] = allowed[k] and k + 1 in starts
-    allowed[0] = allowed[-1] = False  # (a layer of the input alone; nothing after the last node)
+    allowed = _allowed(gm, order, last_use, uses, two, three)
     flops = [two.flops.get(n.name, 0.0) + 1.0 for n in order]  # (+1: a node of no FLOPs still costs a little)
     cuts = _balanced([k for k in range(len(order) - 1) if allowed[k]], flops, max_layers)
     spans, live, start = [], [], 0
@@ -296,6 +262,53 @@ def capture(module: nn.Module, example: torch.Tensor, tracer: Tracer = symbolic,
     sizes = tuple((k, d, isinstance(two.values[g.nodes[k].name], int)) for k, d in dims.items() if d is not None)
     chain = Chain(tuple(spans), tuple(live), names, sizes, (), _aliases(module), tracer, len(g.nodes))
     return replace(chain, ties=_ties(chain.layers(module)))
+
+
+def _run_twice(gm: fx.GraphModule, module: nn.Module, example: torch.Tensor) -> tuple[_Recorder, _Recorder]:
+    """The graph run (in eval mode, no gradients) at batch 2 and at batch 3."""
+    runs = []
+    was = module.training
+    module.eval()
+    try:
+        with torch.no_grad():
+            for batch in (example[:2], torch.cat([example[:2], example[:1]])):
+                recorder = _Recorder(gm)
+                recorder.run(batch)
+                runs.append(recorder)
+    except Exception as exc:
+        raise UserError(f"the module rejects an input of shape {tuple(example.shape[1:])}: {_first(exc)}") from None
+    finally:
+        module.train(was)
+    return runs[0], runs[1]
+
+
+def _allowed(gm, order, last_use, uses, two: _Recorder, three: _Recorder) -> list[bool]:
+    """Whether a cut may follow each data node: no value without a batch dimension is live across it, no module
+    with buffers is called on both sides, and a layer starts where weights are used (a convolution, a linear, a
+    norm...: the functions between two such, an activation or an addition, stay with the weights before them)."""
+    position = {n: k for k, n in enumerate(order)}
+
+    def batched(n: fx.Node) -> bool:
+        x, y = two.values.get(n.name), three.values.get(n.name)
+        return (
+            isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.dim() >= 1
+            and x.shape[0] == 2 and y.shape[0] == 3 and x.shape[1:] == y.shape[1:]
+        )  # fmt: skip
+
+    allowed = [True] * len(order)
+    for n in order:
+        if not batched(n):
+            for k in range(position[n], last_use[n]):
+                allowed[k] = False
+    for target, used in uses.items():
+        if _stateful(gm, target):  # its statistics would part
+            for k in range(min(used), max(used)):
+                allowed[k] = False
+    starts = {k for used in uses.values() for k in used}
+    for k in range(len(order) - 1):
+        allowed[k] = allowed[k] and k + 1 in starts
+    allowed[0] = allowed[-1] = False  # (a layer of the input alone; nothing after the last node)
+    return allowed
 
 
 def _state_uses(gm: fx.GraphModule, g: _Graph, position: dict) -> dict[str, list[int]]:

@@ -133,6 +133,14 @@ class StageAllReduce:
         if self.stage_group is not None and act == self._last_gradient_act():
             self._gradient_step = (start, end)
 
+    def _tie(self, plan, group) -> None:
+        """This generation's groups of the weights tied across stages that this device holds (`group(prefix, rank,
+        size)` makes one): (group, tie, whether this device speaks for its stage)."""
+        self.ties = []
+        for j, (tie, names, first) in enumerate(tied_groups(self.spec, plan, self.name)):
+            self.ties.append((group(f"tie{j}", names.index(self.name), len(names)), tie, first))
+            self.abandoned.append(self.ties[-1][0])
+
     def _reduce_ties(self) -> None:
         """A weight several stages hold (a tied embedding) gets the sum of their gradients, each stage's counted once
         (after its own all-reduce, so from its first device), so every copy takes the same step (Megatron's way)."""

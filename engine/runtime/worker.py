@@ -41,7 +41,7 @@ from engine.models.randomness import sample_draws
 from engine.models.weights import initial_layers
 from engine.plan import OFF
 from engine.runtime import layerstate
-from engine.runtime.allreduce import StageAllReduce, tied_groups
+from engine.runtime.allreduce import StageAllReduce
 from engine.runtime.backward import SplitBackward, SplitSteps
 from engine.runtime.batches import batch_indices, load
 from engine.runtime.config import DeviceConfig, static_generation
@@ -221,10 +221,7 @@ class _Device(Waits, Links, DeltaLinks, SplitSteps, Copies, Evaluation, StageAll
             if self.name in names and len(names) > 1:
                 self.stage_group = group(f"stage{s}", names.index(self.name), len(names))
         self.abandoned += [self.train, self.stage_group]
-        self.ties = []  # (group, tie, whether this device speaks for its stage): weights tied across stages
-        for j, (tie, names, first) in enumerate(tied_groups(self.spec, gen.plan, self.name)):
-            self.ties.append((group(f"tie{j}", names.index(self.name), len(names)), tie, first))
-            self.abandoned.append(self.ties[-1][0])
+        self._tie(gen.plan, group)
 
     def _take_stage(self, gen: Generation) -> None:
         plan = gen.plan

@@ -143,3 +143,39 @@ def test_cancel_asks_first_then_run_again_and_compare(system, browser):
     if SHOTS:
         page.screenshot(path=str(SHOTS / "compare.png"), full_page=True)
     assert not page.errors, page.errors
+
+
+def test_a_staff_registered_model_trains_from_the_job_form_and_comes_back_in_its_own_keys(system, browser):
+    """Issue 53: staff register a lab's module file, a user's job trains it from the form, and the trained model
+    the site offers loads into the lab's own module with strict=True."""
+    import io
+
+    import torch
+    from playwright.sync_api import expect
+
+    from tests.engine.test_user_models import users
+
+    page = logged_in(browser, system)
+    page.goto(system.url + "/models/")
+    page.fill("#id_name", "lab-unet")
+    page.fill("#id_source", f"{ROOT}/tests/engine/usermodels.py:unet")
+    page.fill("#id_input_shape", "3,16,16")
+    page.click("main form[action='/models/add/'] button[type=submit]")
+    expect(page.locator("#lab-models")).to_contain_text("lab-unet", timeout=60_000)
+    page.goto(system.url + "/jobs/new/")
+    page.select_option("#id_model", "lab-unet")
+    page.fill("#id_batch_size", "16")
+    page.fill("#id_iterations", "4")
+    page.click("#job-form button[type=submit]")
+    expect(page.locator("#launch")).to_be_visible(timeout=120_000)  # the page reloads once planned
+    expect(page.locator("h1")).to_contain_text("lab-unet")
+    expect(page.locator("#lab-layers")).to_contain_text("6 layers of lab-unet")
+    page.click("#launch")
+    page.wait_for_url("**/live/")
+    job_id = int(page.url.rstrip("/").split("/")[-2])
+    final = ended(system, job_id)
+    assert final["status"] == "completed", final["message"] + "\n" + system.tail()
+    expect(page.locator("#download-model")).to_be_visible(timeout=60_000)
+    body = page.request.get(system.url + f"/jobs/{job_id}/model.pt").body()
+    users("unet")().load_state_dict(torch.load(io.BytesIO(body), weights_only=True), strict=True)
+    assert not page.errors, page.errors

@@ -8,6 +8,9 @@ from pathlib import Path
 
 from django.conf import settings
 
+from engine.errors import UserError
+from engine.models import get_model, model_names
+from engine.models.weights import user_keys
 from webapp.jobs.models import Job, JobDevice
 
 
@@ -21,7 +24,8 @@ def model_path(job: Job) -> Path:
 
 
 def assemble_model(job: Job) -> str:
-    """One state_dict of the whole model from the parts the devices uploaded; '' or why it is missing."""
+    """One state_dict of the whole model from the parts the devices uploaded (keyed as the model: the zoo's layer
+    list, or a lab's own module); '' or why it is missing."""
     import torch
 
     rows = list(JobDevice.objects.filter(job=job, part=True))
@@ -33,6 +37,11 @@ def assemble_model(job: Job) -> str:
             return f"the part of {row.name} cannot be read ({exc})"
     if not rows:
         return "no device uploaded its part of the model"
+    if job.model not in model_names():  # a lab's own model: in its own keys, as `train --save` writes it
+        try:
+            state = user_keys(get_model(job.model), state)
+        except UserError as exc:
+            return f"its model cannot be built here to name its weights ({exc})"
     buf = io.BytesIO()
     torch.save(state, buf)
     model_path(job).write_bytes(buf.getvalue())

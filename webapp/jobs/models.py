@@ -150,6 +150,20 @@ class Job(models.Model):
         return [newest[k] for k in sorted(newest)]
 
     @property
+    def model_label(self) -> str:
+        """The model as people name it: the zoo's name, a registered model's name, else its file and function."""
+        from engine.models.source import is_reference, parse_reference
+        from webapp.catalog.models import name_of
+
+        if not is_reference(self.model):
+            return self.model
+        name = name_of(self.model)
+        if name != self.model:
+            return name
+        ref = parse_reference(self.model)
+        return f"{ref.path.name}:{ref.function}" if ref.function else f"hf:{ref.path.name}"
+
+    @property
     def group(self) -> str:
         """The Channels group of the job's browser sockets."""
         return f"job.{self.pk}"

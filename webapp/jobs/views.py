@@ -8,12 +8,14 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import FileResponse, Http404, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
+from django.utils.text import slugify
 from django.views.decorators.http import require_POST
 
 from engine.errors import UserError
 from engine.events import StepEvent
 from engine.trace import chrome_trace
 from webapp.accounts.auth import staff_required
+from webapp.catalog.models import LabModel, name_of
 from webapp.devices.models import Device
 from webapp.jobs import actions, ending, figures, launching, planning, rows
 from webapp.jobs.artifacts import model_path
@@ -40,8 +42,6 @@ def job_new(request):
 def job_detail(request, job_id: int):
     """The plan page: how the job will run and why this plan; launch or re-plan from here."""
     job = _job(request, job_id)
-    from webapp.catalog.models import LabModel
-
     context = {"job": job, "replan_form": None, "launched": job.plan}
     context["lab_model"] = LabModel.objects.filter(reference=job.model).first()  # a lab's own: its layers
     plan = job.plan_object
@@ -171,7 +171,7 @@ def job_model(request, job_id: int):
     return FileResponse(
         open(path, "rb"),
         as_attachment=True,
-        filename=f"asteroid-job{job.pk}-{job.model}.pt",
+        filename=f"asteroid-job{job.pk}-{slugify(name_of(job.model))[:60]}.pt",
         content_type="application/octet-stream",
     )
 
