@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "model", None):  # a module in a file: its canonical reference (absolute path, input)
             from engine.models.source import reference
 
-            args.model = reference(args.model, args.input_shape, args.seq_len)
+            args.model = reference(args.model, args.input_shape, args.seq_len, getattr(args, "dataset", ""))
         commands = {"plan": cmd_plan, "simulate": cmd_simulate, "train": cmd_train, "bench": cmd_bench}
         return {**commands, "models": cmd_models}[args.command](args)
     except UserError as exc:

@@ -29,6 +29,12 @@ def require_image_model(dataset: str, spec: ModelSpec, min_classes: int) -> None
 
 
 def fits_bytes(spec: ModelSpec) -> bool:
+    """Whether `spec` predicts the next token of text: bytes, or its own tokenizer's ids."""
+    if spec.tokenizer:
+        from engine.data.text import load_tokenizer
+
+        size = len(load_tokenizer(spec.tokenizer))
+        return spec.task == "language-modeling" and spec.vocab_size >= size and spec.num_classes >= size
     return spec.task == "language-modeling" and spec.vocab_size >= BYTES and spec.num_classes >= BYTES
 
 
@@ -38,6 +44,14 @@ def byte_language_models() -> list[str]:
 
 def require_byte_language_model(dataset: str, spec: ModelSpec) -> None:
     """UserError unless `spec` is a language model whose vocabulary holds every byte."""
+    if not fits_bytes(spec) and spec.tokenizer:
+        from engine.data.text import load_tokenizer
+
+        tokens = len(load_tokenizer(spec.tokenizer))
+        raise UserError(
+            f"dataset {dataset!r} is next-token text in the ids of {spec.tokenizer}'s tokenizer ({tokens} tokens); "
+            f"the model's vocabulary is {spec.vocab_size}: the folder's config and tokenizer do not agree"
+        )
     if not fits_bytes(spec):
         raise UserError(
             f"dataset {dataset!r} is byte-level next-token text for a language model with a vocabulary of at least "

@@ -53,12 +53,12 @@ def get_dataset(
         return digits.Digits(spec.input_shape, train)
     if name == "pytext":
         require_byte_language_model(name, spec)
-        return text.pytext(spec.input_shape[0], train)
+        return text.pytext(spec.input_shape[0], train, spec.tokenizer)
     if name == "images":
         return images.ImageFolder(root, spec, train)
     if name == "text":
         require_byte_language_model(name, spec)
-        return text.text_file(root, spec.input_shape[0], train)
+        return text.text_file(root, spec.input_shape[0], train, spec.tokenizer)
     if name == "synthetic":
         if spec.input_dtype == "int64":
             return SyntheticText(size, spec.input_shape[0], spec.vocab_size, seed, spec.task, spec.num_classes, train)
@@ -77,12 +77,12 @@ def train_size(name: str, spec: ModelSpec, root: str | Path | None = None, size:
         return digits.N - digits.TEST
     if name == "pytext":
         require_byte_language_model(name, spec)
-        return text.pytext_train_size(spec.input_shape[0])
+        return text.pytext_train_size(spec.input_shape[0], spec.tokenizer)
     if name == "images":
         return images.train_size(root, spec)
     if name == "text":
         require_byte_language_model(name, spec)
-        return text.text_file_train_size(root, spec.input_shape[0])
+        return text.text_file_train_size(root, spec.input_shape[0], spec.tokenizer)
     if name == "synthetic":
         return size
     raise UserError(f"unknown dataset {name!r}; known datasets: {', '.join(DATASETS)}")

@@ -1,10 +1,13 @@
-"""Byte-level next-token text for language models: the Python standard library's own source (pytext) or a file.
+"""Next-token text for language models: the Python standard library's own source (pytext) or a file.
 
-Tokens are bytes (0..255). Both are cut the same way into non-overlapping windows of the model's sequence length.
+Tokens are bytes (0..255), or the token ids of a Hugging Face model folder's own tokenizer when it has one (the
+text is then tokenized once per process). Both are cut the same way into non-overlapping windows of the model's
+sequence length.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sysconfig
 from pathlib import Path
@@ -30,10 +33,13 @@ def window_count(n_bytes: int, seq_len: int) -> int:
 
 class ByteWindows(Dataset):
     """Window i: inputs data[i*L : i*L+L] and targets data[i*L+1 : i*L+L+1], both int64 of shape (L,)
-    (SyntheticText's "language-modeling" form)."""
+    (SyntheticText's "language-modeling" form). `tokenizer`: a folder whose tokenizer turns the text into ids."""
 
-    def __init__(self, data: bytes, seq_len: int) -> None:
-        self.data = torch.from_numpy(np.frombuffer(data, dtype=np.uint8).copy())
+    def __init__(self, data: bytes, seq_len: int, tokenizer: str = "") -> None:
+        if tokenizer:
+            self.data = torch.tensor(token_ids(tokenizer, data), dtype=torch.int64)
+        else:
+            self.data = torch.from_numpy(np.frombuffer(data, dtype=np.uint8).copy())
         self.seq_len = seq_len
 
     def __len__(self) -> int:
@@ -44,6 +50,27 @@ class ByteWindows(Dataset):
             raise IndexError(i)
         chunk = self.data[i * self.seq_len : (i + 1) * self.seq_len + 1].long()
         return chunk[:-1], chunk[1:]
+
+
+@functools.lru_cache(maxsize=4)
+def token_ids(tokenizer: str, data: bytes) -> list[int]:
+    """The text's token ids by the tokenizer of the Hugging Face folder `tokenizer` (read from the folder only)."""
+    return load_tokenizer(tokenizer)(data.decode("utf-8", errors="replace"))["input_ids"]
+
+
+@functools.lru_cache(maxsize=4)
+def load_tokenizer(folder: str):
+    """The folder's tokenizer (a UserError when it cannot be read)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    except Exception as exc:
+        first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+        raise UserError(f"cannot read the tokenizer in {folder}: {first[:160]}") from None
+    tokenizer.model_max_length = 1 << 62  # a whole corpus at once; the windows cut it
+    return tokenizer
 
 
 def stdlib_files() -> list[Path]:
@@ -69,11 +96,13 @@ def pytext_files(train: bool = True) -> list[Path]:
     return [f for k, f in enumerate(stdlib_files()) if (k % PYTEXT_TEST_EVERY == PYTEXT_TEST_EVERY - 1) != train]
 
 
-def pytext(seq_len: int, train: bool = True) -> ByteWindows:
-    return ByteWindows(b"".join(f.read_bytes() for f in pytext_files(train)), seq_len)
+def pytext(seq_len: int, train: bool = True, tokenizer: str = "") -> ByteWindows:
+    return ByteWindows(b"".join(f.read_bytes() for f in pytext_files(train)), seq_len, tokenizer)
 
 
-def pytext_train_size(seq_len: int) -> int:
+def pytext_train_size(seq_len: int, tokenizer: str = "") -> int:
+    if tokenizer:  # (the tokens, counted)
+        return len(pytext(seq_len, True, tokenizer))
     return window_count(sum(f.stat().st_size for f in pytext_files()), seq_len)
 
 
@@ -96,14 +125,16 @@ def text_file_size(path: str | Path | None, seq_len: int) -> int:
     return size
 
 
-def text_file(path: str | Path | None, seq_len: int, train: bool = True) -> ByteWindows:
+def text_file(path: str | Path | None, seq_len: int, train: bool = True, tokenizer: str = "") -> ByteWindows:
     """The file's bytes before (train) or in (test) its last 1/TEXT_TEST_FRACTION."""
     text_file_size(path, seq_len)
     data = Path(path).expanduser().read_bytes()
     cut = len(data) - len(data) // TEXT_TEST_FRACTION
-    return ByteWindows(data[:cut] if train else data[cut:], seq_len)
+    return ByteWindows(data[:cut] if train else data[cut:], seq_len, tokenizer)
 
 
-def text_file_train_size(path: str | Path | None, seq_len: int) -> int:
+def text_file_train_size(path: str | Path | None, seq_len: int, tokenizer: str = "") -> int:
     size = text_file_size(path, seq_len)
+    if tokenizer:
+        return len(text_file(path, seq_len, True, tokenizer))
     return window_count(size - size // TEXT_TEST_FRACTION, seq_len)

@@ -52,6 +52,11 @@ def hf_builder(folder: Path) -> tuple[Callable[[], nn.Module], str]:
     return build, "classification" if classify else "language-modeling"
 
 
+def has_tokenizer(folder: Path) -> bool:
+    """Whether the folder carries a tokenizer (then text datasets are its token ids, engine.data.text)."""
+    return any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json"))
+
+
 def exporter(example: torch.Tensor) -> Callable[[nn.Module], fx.GraphModule]:
     """A tracer (engine.models.graph) by torch.export, the batch dimension dynamic, the model in eval mode."""
 

@@ -32,6 +32,7 @@ from engine.models.randomness import Dropout
 from engine.models.spec import ModelSpec
 
 INPUTS = ("image", "text")
+DEFAULT_SEQ = 128  # tokens per sample of a text model that says no more
 
 
 @dataclass(frozen=True)
@@ -101,10 +102,14 @@ def pinned(model: str) -> str:
     return str(replace(ref, digest=file_hash(ref.path)))
 
 
-def reference(model: str, input_shape: str | None = None, seq_len: int | None = None) -> str:
-    """The canonical reference of what a user typed: a zoo name as it is; `FILE.py:FUNCTION` with an absolute
-    path and its input (`input_shape` "C,H,W" for images, else `seq_len` tokens for text, unless it says
-    `@image:...` or `@text:...` itself)."""
+DATASET_INPUTS = {"cifar10": "image:3,32,32", "pytext": f"text:{DEFAULT_SEQ}", "text": f"text:{DEFAULT_SEQ}"}
+
+
+def reference(model: str, input_shape: str | None = None, seq_len: int | None = None, dataset: str = "") -> str:
+    """The canonical reference of what a user typed: a zoo name as it is; `FILE.py:FUNCTION` or `hf:DIR` with an
+    absolute path and its input: `input_shape` "C,H,W" for images, else `seq_len` tokens for text, unless it says
+    `@image:...` or `@text:...` itself; else what the `dataset` makes known (CIFAR-10's 3,32,32, text's 128
+    tokens), or for a Hugging Face model its maximum positions."""
     if not is_reference(model):
         return model
     head, at, tail = model.partition("@")
@@ -120,9 +125,25 @@ def reference(model: str, input_shape: str | None = None, seq_len: int | None = 
             tail = f"image:{','.join(map(str, shape_of(input_shape, '--input-shape')))}"
         elif seq_len:
             tail = f"text:{seq_len}"
+        elif head.startswith("hf:"):
+            tail = f"text:{_positions(Path(head[3:]).expanduser())}"
+        elif dataset in DATASET_INPUTS:
+            tail = DATASET_INPUTS[dataset]
         else:
             raise UserError(f"model {model}: give its input, --input-shape C,H,W for images or --seq-len N for text")
     return str(parse_reference(f"{where}@{tail}"))
+
+
+def _positions(folder: Path) -> int:
+    """A Hugging Face config's maximum sequence length, else DEFAULT_SEQ."""
+    import json
+
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return DEFAULT_SEQ  # (building the model says what is wrong with the folder)
+    known = [config.get(k) for k in ("max_position_embeddings", "n_positions", "n_ctx")]
+    return next((int(v) for v in known if isinstance(v, int) and v > 0), DEFAULT_SEQ)
 
 
 def file_hash(path: Path) -> str:
@@ -194,7 +215,7 @@ def _first(exc: BaseException) -> str:
 def _user_model(name: str, digest: str) -> ModelSpec:
     ref = parse_reference(name)
     if ref.hf:
-        from engine.models.hf import exporter, hf_builder
+        from engine.models.hf import exporter, has_tokenizer, hf_builder
 
         build, _task = hf_builder(ref.path)
     else:
@@ -234,6 +255,7 @@ def _user_model(name: str, digest: str) -> ModelSpec:
         description=f"{f'{ref.function}() from ' if ref.function else 'Hugging Face folder '}{ref.path.name}, "
         f"{len(chain.spans)} layers cut from its graph",
         factory=layers, vocab_size=int(vocab), chain=chain, digest=digest, build=build,
+        tokenizer=str(ref.path) if ref.hf and has_tokenizer(ref.path) else "",
     )  # fmt: skip
 
 

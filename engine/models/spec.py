@@ -47,6 +47,7 @@ class ModelSpec:
     chain: Any = None  # a user's module (engine.models.graph.Chain): its cuts; None for the zoo's hand-cut layers
     digest: str = ""  # a user's module: the SHA-256 of its file (or folder)
     build: Any = None  # a user's module: the function that builds it whole (its own class, its own keys)
+    tokenizer: str = ""  # a Hugging Face folder with a tokenizer: text datasets are its token ids, not bytes
 
     def compressible(self, boundary: int) -> bool:
         """Whether what crosses the cut before layer `boundary` may be compressed (not when it holds integers)."""

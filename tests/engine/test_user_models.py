@@ -5,6 +5,7 @@ weights and comes back in the module's own keys; what cannot be used is one line
 from __future__ import annotations
 
 import importlib.util
+import shutil
 from pathlib import Path
 
 import pytest
@@ -254,3 +255,37 @@ def test_a_folder_that_is_not_a_hugging_face_model_is_one_line(tmp_path, capsys,
     code, _, err = run(capsys, "plan", "--model", f"hf:{tmp_path}", "--seq-len", "16", "--cluster", "D",
                        "--batch-size", "8")  # fmt: skip
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_folder_with_a_tokenizer_reads_text_as_its_token_ids(gpt2_folder, tmp_path, capsys, profile_cache):
+    """The folder's own tokenizer (a word-level one made here: nothing is downloaded) turns a text file into the
+    ids the model was made for; without one, text is bytes."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    folder = tmp_path / "with-tokenizer"
+    shutil.copytree(gpt2_folder, folder)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(" ".join(f"word{k % 97} and{k % 13}" for k in range(4000)))
+    raw = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    raw.pre_tokenizer = pre_tokenizers.Whitespace()
+    raw.train([str(corpus)], trainers.WordLevelTrainer(vocab_size=200, special_tokens=["[UNK]"]))
+    PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="[UNK]").save_pretrained(folder)
+    spec = get_model(reference(f"hf:{folder}", seq_len=16))
+    assert spec.tokenizer == str(folder)
+    data = get_dataset("text", spec, root=corpus)
+    x, y = data[0]
+    expected = raw.encode(corpus.read_text()).ids
+    assert x.tolist() == expected[:16] and y.tolist() == expected[1:17]  # token ids, not bytes
+    code, _, err = run(capsys, "train", "--model", f"hf:{folder}", "--seq-len", "16", "--cluster", "D",
+                       "--batch-size", "8", "--iterations", "1", "--dataset", "text", "--data-dir", str(corpus),
+                       "--run-dir", str(tmp_path / "run"))  # fmt: skip
+    assert code == 0, err
+
+
+def test_an_input_not_given_is_what_the_folder_or_the_dataset_makes_known(gpt2_folder):
+    assert reference(f"hf:{gpt2_folder}").endswith("@text:32")  # its config's n_positions
+    assert reference(f"{FILE}:tiny_lm", dataset="pytext").endswith("@text:128")
+    assert reference(f"{FILE}:resnet", dataset="cifar10").endswith("@image:3,32,32")
+    with pytest.raises(UserError, match="give its input, --input-shape C,H,W for images or --seq-len N for text"):
+        reference(f"{FILE}:resnet", dataset="synthetic")
