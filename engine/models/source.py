@@ -217,7 +217,7 @@ def _user_model(name: str, digest: str) -> ModelSpec:
     if ref.hf:
         from engine.models.hf import exporter, has_tokenizer, hf_builder
 
-        build, _task = hf_builder(ref.path)
+        build, _ = hf_builder(ref.path)
     else:
         build = _builder(ref, digest)
     with torch.random.fork_rng(devices=[]), torch.device("cpu"):  # (a caller may be building on the meta device)
@@ -235,16 +235,8 @@ def _user_model(name: str, digest: str) -> ModelSpec:
     out = out[0] if isinstance(out, (tuple, list)) else out.get("logits") if isinstance(out, dict) else out
     raw = getattr(out, "logits", None)  # a Hugging Face ModelOutput
     out = raw if raw is not None else out
-    if ref.input == "text":
-        if not (isinstance(out, torch.Tensor) and out.dim() == 3 and out.shape[:2] == (2, ref.shape[0])):
-            raise UserError(f"{ref.function}() takes token ids but its output is not [batch, {ref.shape[0]}, vocab]")
-        task, classes, family = "language-modeling", out.shape[-1], "transformer"
-    else:
-        if not (isinstance(out, torch.Tensor) and out.dim() == 2 and out.shape[0] == 2):
-            shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-            raise UserError(f"{ref.function}() returns {shape} for a batch of 2: a classifier returns [batch, classes]")
-        task, classes, family = "classification", out.shape[-1], "cnn"
-        vocab = 0
+    task, classes = _task(ref, out)
+    family, vocab = ("transformer", vocab) if ref.input == "text" else ("cnn", 0)
 
     def layers() -> list[nn.Module]:
         return chain.layers(build())
@@ -257,6 +249,19 @@ def _user_model(name: str, digest: str) -> ModelSpec:
         factory=layers, vocab_size=int(vocab), chain=chain, digest=digest, build=build,
         tokenizer=str(ref.path) if ref.hf and has_tokenizer(ref.path) else "",
     )  # fmt: skip
+
+
+def _task(ref: Reference, out) -> tuple[str, int]:
+    """What the module's output for a batch of 2 says it does: [2, K] classifies into K classes; token ids in and
+    [2, T, V] out predicts the next of V tokens."""
+    what = f"{ref.function}()" if ref.function else f"hf:{ref.path.name}"
+    shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+    if isinstance(out, torch.Tensor) and out.dim() == 2 and out.shape[0] == 2:
+        return "classification", int(out.shape[-1])
+    if ref.input == "text" and isinstance(out, torch.Tensor) and out.dim() == 3 and out.shape[:2] == (2, ref.shape[0]):
+        return "language-modeling", int(out.shape[-1])
+    expected = f"[batch, classes] or [batch, {ref.shape[0]}, vocabulary]" if ref.input == "text" else "[batch, classes]"
+    raise UserError(f"{what} returns {shape} for a batch of 2: expected {expected}")
 
 
 def _vocabulary(module: nn.Module) -> int:

@@ -198,12 +198,14 @@ def gpt2_folder(tmp_path_factory):
     return folder
 
 
-def hf_one_process(folder, batch: int, iterations: int, init: dict | None = None):
-    from transformers import AutoModelForCausalLM
+def hf_one_process(folder, batch: int, iterations: int, init: dict | None = None, auto: str = "AutoModelForCausalLM"):
+    import transformers
 
     spec = get_model(reference(f"hf:{folder}", seq_len=16))
     torch.manual_seed(0)
-    net = AutoModelForCausalLM.from_config(__import__("transformers").AutoConfig.from_pretrained(folder))
+    config = transformers.AutoConfig.from_pretrained(folder)
+    config.use_cache = False
+    net = getattr(transformers, auto).from_config(config)
     if init is not None:
         net.load_state_dict(init, strict=True)
     opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
@@ -211,7 +213,7 @@ def hf_one_process(folder, batch: int, iterations: int, init: dict | None = None
     losses = []
     for k in range(iterations):
         x, y = load(data, batch_indices(len(data), batch, 0, k))
-        loss = spec.loss(net(input_ids=x, use_cache=False).logits, y)
+        loss = spec.loss(net(input_ids=x).logits, y)
         loss.backward()
         opt.step()
         opt.zero_grad()
@@ -229,6 +231,26 @@ def test_a_hugging_face_gpt2_cut_at_every_layer_trains_as_one_process(gpt2_folde
     options = RunOptions(iterations=3, emulate=False, save_model=True, timeout_s=60)
     result = train(plan, model_workload(ref), options, replicate_every=1)
     _close(result, *hf_one_process(gpt2_folder, 8, 3))
+
+
+def test_a_hugging_face_sequence_classifier_carries_its_token_ids_to_the_last_stage(tmp_path):
+    """GPT-2's classifier scores the last token before the padding: the ids travel beside the activations to the
+    last stage, as integers, on a cut never compressed."""
+    from transformers import GPT2Config
+
+    GPT2Config(vocab_size=300, n_positions=32, n_embd=32, n_layer=2, n_head=4, pad_token_id=0, num_labels=5,
+               resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+               architectures=["GPT2ForSequenceClassification"]).save_pretrained(tmp_path)  # fmt: skip
+    ref = reference(f"hf:{tmp_path}", seq_len=16)
+    spec = get_model(ref)
+    assert spec.task == "classification" and spec.num_classes == 5
+    n = len(spec.chain.spans)
+    assert not spec.compressible(n - 1) and any(v.dtype == torch.int64 for v in spec.chain.cuts[-1])
+    stages = [(0, n // 2, [("nx-0", 3), ("tx2-1", 1)]), (n // 2, n, [("tx2-2", 4)])]
+    plan = make_plan(ref, cluster_of("nx", "tx2", "tx2"), 8, 2, stages)
+    options = RunOptions(iterations=3, emulate=False, save_model=True, timeout_s=60)
+    result = train(plan, model_workload(ref), options, replicate_every=1)
+    _close(result, *hf_one_process(tmp_path, 8, 3, auto="AutoModelForSequenceClassification"))
 
 
 def test_a_hugging_face_model_comes_back_as_a_folder_from_pretrained_reads(gpt2_folder, tmp_path, capsys,
