@@ -442,3 +442,23 @@ def test_an_older_site_refusing_clock_probes_stops_them_quietly(caplog):
     said = [r.getMessage() for r in caplog.records]
     assert said.count("the site does not answer clock probes; device times stay in this host's clock") == 1
     assert not [m for m in said if "rejected a message" in m]
+
+
+def test_a_board_whose_copy_of_a_registered_model_differs_refuses_it(site, agents, tmp_path):
+    """Issue 53: the site pins a registered model's file by its SHA-256; a board whose copy was changed says so."""
+    import shutil
+
+    from engine.models.source import pinned, reference
+
+    copy = tmp_path / "lab_models.py"
+    shutil.copy(os.path.join(os.path.dirname(__file__), "..", "engine", "usermodels.py"), copy)
+    ref = pinned(reference(f"{copy}:unet", "3,16,16"))
+    copy.write_text(copy.read_text() + "\n# changed on this board only\n")
+    job = next(jobs)
+    cluster = Cluster((Device.of_kind("nano-1", "nano"),), name="test")
+    plan = make_plan(ref, cluster, 8, 2, [(0, 6, [("nano-1", 4)])])
+    site.send("nano-1", {"type": "assign", "job": job, "plan": plan.to_dict(), "rank": 0, "options": OPTIONS})
+    (stopped,) = site.wait(lambda: site.events("nano-1", "job-stopped", job), 30, "job-stopped")
+    assert stopped["reason"] == "rejected"
+    (error,) = site.events("nano-1", "device-error", job)
+    assert f"model {copy} is not the one planned for: its SHA-256 is" in error["message"], error["message"]
