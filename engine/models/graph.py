@@ -125,12 +125,16 @@ class Chain:
         return layer
 
 
+class UntraceableError(UserError):
+    """torch.fx cannot follow the module's Python (engine.models.children may still cut it at its children)."""
+
+
 def symbolic(module: nn.Module) -> fx.GraphModule:
-    """The module's graph by torch.fx (a one-line UserError naming the construct when fx cannot follow it)."""
+    """The module's graph by torch.fx (a one-line UntraceableError naming the construct when fx cannot follow)."""
     try:
         return fx.symbolic_trace(module)
     except Exception as exc:  # fx raises TraceError, TypeError, NotImplementedError... from the user's code
-        raise UserError(
+        raise UntraceableError(
             f"cannot capture the module's graph ({_first(exc)}): Python control flow on tensor values cannot be "
             "traced; make it depend on shapes only, or move it out of forward"
         ) from None

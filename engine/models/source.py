@@ -27,7 +27,8 @@ import torch
 from torch import nn
 
 from engine.errors import UserError
-from engine.models.graph import capture, symbolic
+from engine.models.children import children_chain
+from engine.models.graph import UntraceableError, capture, symbolic
 from engine.models.randomness import Dropout
 from engine.models.spec import ModelSpec
 
@@ -228,7 +229,10 @@ def _user_model(name: str, digest: str) -> ModelSpec:
             example = torch.randint(vocab, (2, *ref.shape))
         else:
             example = torch.randn((2, *ref.shape))
-        chain = capture(module, example, exporter(example) if ref.hf else symbolic)
+        try:
+            chain = capture(module, example, exporter(example) if ref.hf else symbolic)
+        except UntraceableError as exc:  # Python fx cannot follow: its children, if they form a chain
+            chain = children_chain(module, example, exc)
         with torch.no_grad():
             module.eval()
             out = module(example)

@@ -22,7 +22,7 @@ from tests.engine.clirun import run
 from tests.engine.runtime.helpers import cluster_of, make_plan, model_workload
 
 FILE = Path(__file__).with_name("usermodels.py")
-MODELS = {"resnet": "3,16,16", "unet": "3,16,16", "vit": "3,16,16", "tiny_lm": 16, "tied_lm": 16}
+MODELS = {"resnet": "3,16,16", "unet": "3,16,16", "vit": "3,16,16", "tiny_lm": 16, "tied_lm": 16, "branchy_chain": "3,4,4"}
 
 
 def ref_of(function: str) -> str:
@@ -157,6 +157,7 @@ def test_init_then_save_round_trip_into_the_users_module(tmp_path, capsys, profi
         (["--model", f"{FILE}:raises", "--input-shape", "3,8,8"], "raises() in"),
         (["--model", f"{FILE}:not_a_module", "--input-shape", "3,8,8"], "returned a int, not an nn.Module"),
         (["--model", f"{FILE}:branchy", "--input-shape", "4"], "cannot capture the module's graph"),
+        (["--model", f"{FILE}:not_a_chain", "--input-shape", "4"], "they do not compute what the module does"),
         (["--model", f"{FILE}:resnet", "--input-shape", "5,16,16"], "the module rejects an input of shape (5, 16, 16)"),
         (["--model", f"{FILE}:resnet"], "give its input, --input-shape C,H,W"),
         (["--model", f"{FILE}:resnet", "--input-shape", "3,x"], "--input-shape must be up to four positive"),
@@ -311,3 +312,25 @@ def test_an_input_not_given_is_what_the_folder_or_the_dataset_makes_known(gpt2_f
     assert reference(f"{FILE}:resnet", dataset="cifar10").endswith("@image:3,32,32")
     with pytest.raises(UserError, match="give its input, --input-shape C,H,W for images or --seq-len N for text"):
         reference(f"{FILE}:resnet", dataset="synthetic")
+
+
+def test_a_module_fx_cannot_trace_is_cut_at_its_children_when_they_form_a_chain():
+    from engine.models.children import Children
+
+    spec = get_model(ref_of("branchy_chain"))
+    assert isinstance(spec.chain, Children) and spec.chain.names == ("0:0", "1:1", "2:2", "3:3", "4:4")
+    stages = [(0, 2, [("nx-0", 4)]), (2, 5, [("tx2-1", 4)])]
+    result = _trained("branchy_chain", stages, ["nx", "tx2"])
+    _close(result, *one_process("branchy_chain", 8, 3))
+
+
+@pytest.mark.parametrize("function", ["resnet", "unet", "vit"])
+def test_the_asteroid_planner_s_plan_of_a_users_module_trains_as_one_process(function):
+    from engine.planners import Problem, make_plan as plan_with
+    from engine.workloads import workload
+
+    model = ref_of(function)
+    plan = plan_with("asteroid", Problem(workload(model), cluster_of("nx", "tx2", "nano", "nano"), 16))
+    options = RunOptions(iterations=2, emulate=False, save_model=True, timeout_s=60)
+    result = train(plan, model_workload(model), options, replicate_every=1)
+    _close(result, *one_process(function, 16, 2))

@@ -127,3 +127,35 @@ def tied_lm():
     model = TinyLM()
     model.head.weight = model.embed.weight
     return model
+
+
+class Gated(nn.Module):
+    """A block fx cannot follow (it branches on a tensor's value) inside a chain of children."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.fc = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        return self.fc(x) if float(x.abs().mean()) >= 0 else x
+
+
+def branchy_chain():
+    """Top-level children that form a chain, one of which fx cannot trace: cut at the children."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(48, 32), nn.ReLU(), Gated(32), nn.Linear(32, 10))
+
+
+class NotAChain(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(4, 2)
+
+    def forward(self, x):
+        if x.sum() > 0:
+            return self.b(self.a(x) + x)  # a skip past `a`: running the children in order is not the module
+        return self.b(x)
+
+
+def not_a_chain():
+    return NotAChain()
