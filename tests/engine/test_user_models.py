@@ -22,7 +22,14 @@ from tests.engine.clirun import run
 from tests.engine.runtime.helpers import cluster_of, make_plan, model_workload
 
 FILE = Path(__file__).with_name("usermodels.py")
-MODELS = {"resnet": "3,16,16", "unet": "3,16,16", "vit": "3,16,16", "tiny_lm": 16, "tied_lm": 16, "branchy_chain": "3,4,4"}
+MODELS = {
+    "resnet": "3,16,16",
+    "unet": "3,16,16",
+    "vit": "3,16,16",
+    "tiny_lm": 16,
+    "tied_lm": 16,
+    "branchy_chain": "3,4,4",
+}
 
 
 def ref_of(function: str) -> str:
@@ -326,7 +333,8 @@ def test_a_module_fx_cannot_trace_is_cut_at_its_children_when_they_form_a_chain(
 
 @pytest.mark.parametrize("function", ["resnet", "unet", "vit"])
 def test_the_asteroid_planner_s_plan_of_a_users_module_trains_as_one_process(function):
-    from engine.planners import Problem, make_plan as plan_with
+    from engine.planners import Problem
+    from engine.planners import make_plan as plan_with
     from engine.workloads import workload
 
     model = ref_of(function)

@@ -137,7 +137,7 @@ class Gated(nn.Module):
         self.fc = nn.Linear(dim, dim)
 
     def forward(self, x):
-        return self.fc(x) if float(x.abs().mean()) >= 0 else x
+        return self.fc(x) if float(x.detach().abs().mean()) >= 0 else x
 
 
 def branchy_chain():

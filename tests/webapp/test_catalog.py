@@ -103,3 +103,20 @@ def test_an_uploaded_module_file_is_kept_by_its_hash_and_registered(staff, setti
     model = LabModel.objects.get(name="lab-resnet")
     kept = Path(model.reference.split(":")[0])
     assert kept.parent == tmp_path / "models" and kept.read_bytes() == SOURCE.read_bytes()
+
+
+def test_staff_register_a_hugging_face_folder_pinned_by_its_files(staff, tmp_path):
+    from transformers import GPT2Config
+
+    GPT2Config(vocab_size=300, n_positions=16, n_embd=32, n_layer=1, n_head=4, bos_token_id=0, eos_token_id=0,
+               architectures=["GPT2LMHeadModel"]).save_pretrained(tmp_path)  # fmt: skip
+    r = register(staff, name="lab-gpt2", source=f"hf:{tmp_path}", input_shape="")
+    assert r.status_code == 200, r.content.decode()[-1500:]
+    model = LabModel.objects.get(name="lab-gpt2")
+    assert model.reference.startswith(f"hf:{tmp_path}@text:16#sha256:")  # its config's positions
+    assert model.task == "language-modeling" and len(model.layers) >= 3
+    (tmp_path / "config.json").write_text(
+        (tmp_path / "config.json").read_text().replace('"n_layer": 1', '"n_layer": 2')
+    )
+    with pytest.raises(UserError, match="is not the one planned for"):
+        get_model(model.reference)

@@ -76,11 +76,17 @@ class JobForm(forms.Form):
         model, dataset, size = data.get("model"), data.get("dataset"), None
         if model:  # what the job trains: a registered model's pinned reference, or the zoo's name
             data["model"] = model = reference_of(model)
-        if model and dataset:
-            try:  # a dataset that cannot serve the model is an error
-                size = train_size(dataset, get_model(model))
+        spec = None
+        if model:
+            try:  # a registered model whose file changed since, or is gone
+                spec = get_model(model)
             except UserError as exc:
-                self.add_error("dataset" if "dataset" in str(exc) else "model", str(exc))
+                self.add_error("model", str(exc))
+        if spec is not None and dataset:
+            try:  # a dataset that cannot serve the model is an error
+                size = train_size(dataset, spec)
+            except UserError as exc:
+                self.add_error("dataset", str(exc))
         if data.get("iterations") is None and data.get("epochs") is None:
             if not {"iterations", "epochs"} & set(self.errors):  # a bad value given already says what is wrong
                 self.add_error("iterations", "Give the number of iterations or of epochs.")
