@@ -70,6 +70,8 @@ def register(source: str, input_shape: str | None, seq_len: int | None, init: st
     from engine.models.weights import initial_layers
 
     ref = pinned(reference(source, input_shape, seq_len))
+    if len(ref) > LabModel._meta.get_field("reference").max_length:
+        raise UserError(f"the path {source.rpartition(':')[0]} is too long to register: move the model nearer the root")
     spec = get_model(ref)
     if init:
         if not Path(init).is_absolute():
