@@ -71,7 +71,7 @@ def stage_buckets(
         passed += work[k - i]
         done[k] = passed / total if total > 0 else 1.0
     done[i] = 1.0
-    wire = [w.param_bytes[k] * ALLREDUCE[allreduce] / 4 for k in range(i, j)]
+    wire = [w.params(k, k + 1) * ALLREDUCE[allreduce] / 4 for k in range(i, j)]  # trained weights
     best: tuple[float, tuple[Bucket, ...]] | None = None
     for size in SIZES:
         buckets, top, held = [], j, 0.0

@@ -68,6 +68,9 @@ class Workload:
     # The share of each layer's backward that computes its weight gradients (the W of a zero-bubble schedule;
     # engine.schedule), as the profile measured it. Empty: half for a layer with parameters, none otherwise.
     weight_share: tuple[float, ...] = ()
+    # The bytes of each layer's trained weights: its gradients and its all-reduce (engine.recipe.trained_workload;
+    # frozen weights have neither). Empty: every weight is trained.
+    trainable_bytes: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.forward_flops)
@@ -82,8 +85,12 @@ class Workload:
         object.__setattr__(self, "_bwd", cum(self.backward_flops))
         ints = lambda xs: [0, *np.cumsum(np.asarray(xs, dtype=np.int64)).tolist()]  # noqa: E731
         object.__setattr__(self, "_saved", ints(self.saved_bytes))
-        object.__setattr__(self, "_static", ints(np.multiply(2, self.param_bytes) + np.asarray(self.optimizer_bytes)))
-        object.__setattr__(self, "_params", ints(self.param_bytes))
+        trained = self.trainable_bytes or self.param_bytes
+        if len(trained) != n:
+            raise ValueError(f"workload {self.model}: trainable_bytes has {len(trained)} layers, expected {n}")
+        static = np.add(self.param_bytes, trained) + np.asarray(self.optimizer_bytes)  # weights, gradients, state
+        object.__setattr__(self, "_static", ints(static))
+        object.__setattr__(self, "_params", ints(trained))
         object.__setattr__(self, "work_prefix", self._work.tolist())
         tables = {}
         for name, (fwd, bwd) in self.device_times.items():
@@ -179,6 +186,7 @@ class Workload:
         return self._static[j] - self._static[i]
 
     def params(self, i: int, j: int) -> int:
+        """Bytes of the trained weights of layers [i, j) (what their all-reduce sends)."""
         return self._params[j] - self._params[i]
 
     def peak(self, i: int, j: int) -> int:

@@ -24,6 +24,7 @@ from dataclasses import replace
 
 from engine.errors import UserError
 from engine.events import DeviceError, JobStopped
+from engine.recipe import planned
 from workers.outbox import Outbox
 from workers.site import HttpError, NotHttp, Site
 from workers.storelink import Relay
@@ -128,6 +129,7 @@ class Runner:
         options = RunOptions.from_dict(msg.get("options") or {})
         w = self._workload(plan.model) if self._workload else _profiled(plan.model, plan.cluster)
         plan.validate(w.num_layers)
+        w = planned(w, options)  # as the site planned it: the job's optimizer state, its frozen weights
         name = plan.device_names[rank]
         if self.device and name != self.device:  # the plan's name is what its peers and events use; go along
             log.warning("job %s: the plan calls this device %s, the site calls it %s", job, name, self.device)

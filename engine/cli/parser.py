@@ -127,9 +127,12 @@ def _run_option_arguments(parser: argparse.ArgumentParser) -> None:
     from engine.runtime.options import settable
 
     for name, spec in settable().items():
-        options = {"default": spec["default"], "help": f"{spec['help']} (default {spec['default']})"}
+        default = spec["default"] if spec["default"] != "" else "none"
+        options = {"default": spec["default"], "help": f"{spec['help']} (default {default})"}
         if spec["choices"]:
             options["choices"] = [value for value, _ in spec["choices"]]
+        elif spec["type"] is str:
+            options["metavar"] = "TEXT"
         else:
             options["type"] = _bounded(spec["type"], spec["low"], spec["high"])
             options["metavar"] = "N" if spec["type"] is int else "X"
@@ -149,7 +152,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", required=True, type=_positive_int, help="global batch size per iteration")
     p.add_argument("--method", default="asteroid", choices=[*PLANNERS, "all"], help="planner (default asteroid)")
     p.add_argument("--bandwidth-mbps", type=_bandwidth, help="override the cluster's link bandwidth")
-    p.add_argument("--optimizer", default="sgd", choices=["sgd", "adam"], help="optimizer state to budget for")
+    p.add_argument(
+        "--optimizer", default="sgd", choices=["sgd", "adam", "adamw"], help="optimizer state to budget for (sgd)"
+    )
+    p.add_argument("--freeze", default="", metavar="REGEX", help="plan for training without the weights it names")
     p.add_argument("--refresh-profile", action="store_true", help="profile the model again instead of the cache")
     p.add_argument("--json", action="store_true", help="print the plan JSON (with --method all: every plan)")
     _pipeline_arguments(p)

@@ -18,11 +18,14 @@ from engine.planners.levels import plan_compressed
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from engine.recipe import planned
+    from engine.runtime.options import RunOptions
     from engine.tables import comparison_table, plan_table
     from engine.workloads import workload
 
     cluster = load_cluster(args.cluster, args.bandwidth_mbps)
-    w = workload(args.model, refresh=args.refresh_profile, optimizer=args.optimizer, cluster=cluster)
+    w = workload(args.model, refresh=args.refresh_profile, cluster=cluster)
+    w = planned(w, RunOptions(optimizer=args.optimizer, freeze=args.freeze))  # its optimizer state, its frozen part
     problem = Problem(w, cluster, args.batch_size, allreduce=args.allreduce, schedule=args.schedule)
     if args.method != "all":
         plan = fitting_plan(args.method, problem, args.compression)

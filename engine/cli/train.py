@@ -43,9 +43,16 @@ _RESUME_KEEPS = {
     "--allreduce": "allreduce", "--iterations": "iterations", "--dataset": "dataset", "--data-dir": "data_dir",
     "--emulate": "emulate", "--dilation": "dilation", "--timeout": "timeout_s", "--generation": "generation",
     "--eval-samples": "eval_samples", "--replicate-every": "replicate_every", "--run-dir": None,
-    "--lr": "lr", "--momentum": "momentum", "--seed": "seed", "--eval-every": "eval_every", "--schedule": "schedule",
     "--init": "init", "--input-shape": None, "--seq-len": None,
 }  # fmt: skip
+
+
+def _resume_keeps() -> dict[str, str | None]:
+    """_RESUME_KEEPS and every run option a job's owner sets (--lr, --optimizer, --freeze, ...): a new option
+    cannot escape the check."""
+    from engine.runtime.options import settable
+
+    return {**_RESUME_KEEPS, **{"--" + name.replace("_", "-"): name for name in settable()}}
 
 
 def _given(args: argparse.Namespace, flags) -> list[str]:
@@ -61,9 +68,9 @@ def _given(args: argparse.Namespace, flags) -> list[str]:
 def _refuse_resume_overrides(args: argparse.Namespace, doc: dict) -> None:
     """UserError for a flag that `--resume` would ignore: the run goes on with its own settings (a value equal
     to the run's own is no mistake)."""
-    kept = {**doc, **doc.get("options", {})}
-    for flag in _given(args, _RESUME_KEEPS):
-        key = _RESUME_KEEPS[flag]
+    kept, keeps = {**doc, **doc.get("options", {})}, _resume_keeps()
+    for flag in _given(args, keeps):
+        key = keeps[flag]
         if key is None or key not in kept or getattr(args, flag[2:].replace("-", "_")) != kept[key]:
             raise UserError(f"--resume continues the run in {args.resume} with its own settings: drop {flag}")
 
@@ -121,6 +128,7 @@ def is_weights_file(path: str) -> bool:
 def cmd_train(args: argparse.Namespace) -> int:
     from engine.compression import compression_text, parse_compression
     from engine.events import said
+    from engine.recipe import planned
     from engine.runtime.launcher import RunOptions, save_events, train
     from engine.runtime.options import settable
     from engine.tables import iteration_line, run_summary
@@ -144,6 +152,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     faults = FaultArgs(args.fail, args.leave, args.join, args.slow).parse()
     if args.replicate_every is not None and args.replicate_every < 0:
         raise UserError(f"--replicate-every must be 0 or more, got {args.replicate_every}")
+    if not args.resume:  # the recipe's mistakes (a warm-up past the run, a bad pattern) before any planning
+        RunOptions(iterations=args.iterations, **{name: getattr(args, name) for name in settable()})
     resume = None
     if args.resume:
         from engine.runtime.central import load_resume
@@ -157,7 +167,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             tuple(d for d in cluster.devices if d.name in resume["devices"]),
             cluster.bandwidth_mbps, cluster.latency_ms, cluster.name,
         )  # fmt: skip
-        w = workload(doc["model"], cluster=cluster)
+        w = planned(workload(doc["model"], cluster=cluster), RunOptions.from_dict(doc["options"]))
         method = doc["method"] if doc["method"] in PLANNERS else "asteroid"
         options = RunOptions.from_dict(doc["options"])
         allowed = parse_compression(options.compression or "off")
@@ -177,7 +187,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             raise UserError(f"a plan file sets its own {what} (its {field!r} field): drop {flag}")
         plan = _read_plan(args.plan)
         _check_dataset(args, plan.model, plan.batch_size, plan=True)
-        w = workload(plan.model, cluster=plan.cluster)
+        w = planned(workload(plan.model, cluster=plan.cluster), args)
     else:
         if not (args.model and args.cluster):
             raise UserError("train needs --model and --cluster (or --plan)")
@@ -185,7 +195,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             raise UserError("a distributed run trains a plan file: pass --plan (every device the same)")
         cluster = load_cluster(args.cluster, args.bandwidth_mbps)
         _check_dataset(args, args.model, args.batch_size)
-        w = workload(args.model, cluster=cluster)
+        w = planned(workload(args.model, cluster=cluster), args)  # as the recipe trains it (engine.recipe)
         problem = Problem(w, cluster, args.batch_size, allreduce=args.allreduce, schedule=args.schedule)
         plan = fitting_plan(args.method, problem, args.compression, _training_samples(args))
     plan.validate(w.num_layers)
@@ -259,7 +269,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
     else:
-        print(run_summary(result))
+        from engine.recipe import describe
+
+        summary = run_summary(result).split("\n")
+        print("\n".join([*summary[:4], f"recipe       {describe(options)}", *summary[4:]]))
         for what, path in (("model", args.save), ("events", args.events), ("trace", args.trace)):
             if path:
                 print(f"{what} written to {path}")

@@ -136,10 +136,14 @@ class StageAllReduce:
     def _tie(self, plan, group) -> None:
         """This generation's groups of the weights tied across stages that this device holds (`group(prefix, rank,
         size)` makes one): (group, tie, whether this device speaks for its stage)."""
-        self.ties = []
+        self.ties, self.counted_elsewhere = [], set()
+        mine = next(st for st in plan.stages if self.name in [d.name for d in st.devices])
+        a, b = mine.start, mine.end
         for j, (tie, names, first) in enumerate(tied_groups(self.spec, plan, self.name)):
             self.ties.append((group(f"tie{j}", names.index(self.name), len(names)), tie, first))
             self.abandoned.append(self.ties[-1][0])
+            if names[0] != self.name:  # the first stage holding it counts it in the global norm
+                self.counted_elsewhere.update(id(self.layers[i].get_parameter(n)) for i, n in tie if a <= i < b)
 
     def _reduce_ties(self) -> None:
         """A weight several stages hold (a tied embedding) gets the sum of their gradients, each stage's counted once
@@ -150,6 +154,14 @@ class StageAllReduce:
             total = p.grad.detach().clone() if first and p.grad is not None else torch.zeros_like(p)
             self._wait(self._allreduce(total, group), "the tied weights' all-reduce")
             p.grad = total
+
+    def _norm_params(self) -> list:
+        """The weights whose gradients this device adds to the global norm (engine.recipe.squares): its stage's,
+        from the stage's first device only (after the all-reduce every device holds the same), a tied weight from
+        the first stage holding it."""
+        if self.st.lo != 0:
+            return []
+        return [p for p in self.params if id(p) not in self.counted_elsewhere]
 
     def _reduce_gradients(self, k: int) -> None:
         if self.stage_group is None or not self.params:

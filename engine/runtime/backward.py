@@ -48,7 +48,8 @@ class SplitBackward:
         item = self.pending.pop(mb)
         if item[0] == "whole":
             _, out, grad = item
-            out.backward(grad)
+            if out.requires_grad:  # not where every weight up to here is frozen
+                out.backward(grad)
             return
         nodes = {_get_grad_fn_or_grad_acc(p): p for p in self.params}
         left = Counter(n for group in item[1] for n in group["params"])

@@ -15,7 +15,6 @@ speed drift) and central.py (the central replica); this module holds the set-up,
 
 from __future__ import annotations
 
-import contextlib
 import math
 import queue
 import socket
@@ -26,9 +25,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-import torch
 import torch.distributed as dist
 
+from engine import recipe
 from engine.compression import plan_compression
 from engine.costmodel import Workload, link_s, replica_bytes, replication_s, score
 from engine.devices import Cluster
@@ -63,15 +62,14 @@ class RunFailed(UserError):
         self.device, self.iteration = device, iteration
 
 
-def with_model_bytes(w: Workload) -> Workload:
-    """`w` with its model's real parameter and momentum bytes, what replication and restores send (a workload
+def with_model_bytes(w: Workload, options: RunOptions) -> Workload:
+    """`w` with its model's real weight and optimizer-state bytes, what replication and restores send (a workload
     made up for a test may say otherwise)."""
     spec = get_model(w.model)
-    # shapes only, nothing allocated (a captured graph is traced for real: on the meta device it differs)
-    with torch.device("meta") if spec.chain is None else contextlib.nullcontext():
-        layers = spec.layers()
+    layers = recipe.model_layers(spec)
+    recipe.freeze(spec, layers, options.freeze)
     sizes = tuple(sum(p.numel() * p.element_size() for p in layer.parameters()) for layer in layers)
-    return replace(w, param_bytes=sizes, optimizer_bytes=sizes)
+    return recipe.trained_workload(replace(w, param_bytes=sizes), layers, options)
 
 
 def replicate_every_default(plan: Plan, w: Workload, budget: float = 0.04) -> int:
@@ -128,10 +126,11 @@ class Coordinator(Drift, Membership, CentralReplica):
     ):
         if options.compression is None:  # kept in run.json, so that a resumed run re-plans with it too
             options = replace(options, compression=plan_compression(plan.compression, plan.delta))
+        workload = recipe.planned(workload, options)  # its optimizer's state, its frozen weights (engine.recipe)
         self.plan, self.w, self.opts, self.faults = plan, workload, options, faults or Faults()
         self.emit = emit or (lambda _: None)
         self.run_dir = run_dir
-        self.wb = with_model_bytes(workload)  # for what crosses the links: the copies and the restores
+        self.wb = with_model_bytes(workload, options)  # for what crosses the links: the copies and the restores
         self.K = replicate_every_default(plan, self.wb) if replicate_every is None else replicate_every
         check_replicas_fit(plan, self.wb, self.K)
         self.detect_s = detect_s

@@ -10,6 +10,7 @@ import torch
 from engine.costmodel import link_s
 from engine.events import Restore
 from engine.models.weights import initial_layers
+from engine.recipe import freeze, make_optimizer
 from engine.runtime import layerstate
 from engine.runtime.control import Generation, gen_key, get_bytes, key, put_bytes
 from engine.runtime.emulation import now
@@ -34,6 +35,12 @@ class Copies:
                 copies.append(Copy(self.name, kind, held[0], min(held[1]), max(held[1]) + 1))
         self.store.set(gen_key(number, "held", self.name), json.dumps([c.__dict__ for c in copies]))
 
+    def _initial_layers(self) -> list[torch.nn.Module]:
+        """The model's starting layers (the seed's, or `init`'s weights), frozen as the options say."""
+        layers = initial_layers(self.spec, self.opts.seed, self.opts.init)
+        freeze(self.spec, layers, self.opts.freeze)
+        return layers
+
     def _held_bytes(self) -> int:
         """Bytes of what the device keeps besides training: its snapshot, its neighbour's replica and its
         activation-change memories (engine.deltas: kept activations and what the last iterations replaced)."""
@@ -46,7 +53,7 @@ class Copies:
             return layerstate.capture(self.layers, start, end, self.optimizer)
         if kind == SEED:
             if any(start <= k < end for k in self.trained):
-                return layerstate.capture(initial_layers(self.spec, self.opts.seed, self.opts.init), start, end, None)
+                return layerstate.capture(self._initial_layers(), start, end, None)
             return layerstate.capture(self.layers, start, end, None)
         held = self.snapshot if kind == "snapshot" else self.replica
         return layerstate.select(held[1], start, end)
@@ -102,16 +109,15 @@ class Copies:
         if self.name in gen.leaving:
             return
         self.live_valid = False
-        momentum = layerstate.apply(self.layers, got)
+        held = layerstate.apply(self.layers, got)
         stage = next(st for st in gen.plan.stages if self.name in [s.name for s in st.devices])
         self.own = (stage.start, stage.end)
         own = [p for layer in self.layers[stage.start : stage.end] for p in layer.parameters() if p.requires_grad]
         self.params = list({id(p): p for p in own}.values())  # a weight two of its layers hold (tied) once
-        self.optimizer = None
-        if self.params:
-            self.optimizer = torch.optim.SGD(self.params, lr=self.opts.lr, momentum=self.opts.momentum)
-            for p in self.params:
-                self.optimizer.state[p]["momentum_buffer"] = momentum[p]
+        self.optimizer = make_optimizer(self.params, self.opts)
+        for p in self.params:
+            if held.get(p):  # trained before: its momentum, moments and step count go on
+                self.optimizer.state[p] = held[p]
         self.live = gen.start
         self.live_valid = True
         if gen.pieces and any(p.kind != SEED for p in gen.pieces if p.to == self.name):

@@ -128,18 +128,20 @@ class DeviceOutOfMemory(UserError):
 
 
 class MemoryMeter:
-    """Counts the bytes a device really holds: weights, gradients, optimizer state and, per micro-batch in
-    flight, the tensors autograd saved for the backward pass (each storage once, weights excluded), and the
-    copies it keeps (`held`: its snapshot, its neighbour's replica and its activation-change memories)."""
+    """Counts the bytes a device really holds: weights, the trained ones' gradients and optimizer state and, per
+    micro-batch in flight, the tensors autograd saved for the backward pass (each storage once, weights excluded),
+    and the copies it keeps (`held`: its snapshot, its neighbour's replica and its activation-change memories)."""
 
     def __init__(
-        self, device: str, budget: int | None, params: list[torch.Tensor], optimizer_states: int, held: int = 0
-    ):
+        self, device: str, budget: int | None, weights: list[torch.Tensor], trained: list[torch.Tensor],
+        optimizer_states: int, held: int = 0,
+    ):  # fmt: skip
         self.device = device
         self.budget = budget
-        self.training = sum(p.numel() * p.element_size() for p in params) * (2 + optimizer_states)
+        size = lambda ps: sum(p.numel() * p.element_size() for p in {id(p): p for p in ps}.values())  # noqa: E731
+        self.training = size(weights) + size(trained) * (1 + optimizer_states)
         self.static = self.training + held
-        self._params = {p.untyped_storage().data_ptr() for p in params}
+        self._params = {p.untyped_storage().data_ptr() for p in weights}
         self._held: dict[int, int] = {}
         self.peak = self.static
         self._check()

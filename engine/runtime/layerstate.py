@@ -1,11 +1,13 @@
-"""A layer's whole training state (weights, buffers, momentum) as plain tensors: captured, moved as bytes, put back.
+"""A layer's whole training state (weights, buffers, optimizer state) as plain tensors: captured, moved as bytes,
+put back.
 
-    states = capture(layers, 6, 12, optimizer)     # {6: {"p.weight": ..., "b.running_mean": ..., "m.weight": ...}, ...}
+    states = capture(layers, 6, 12, optimizer)     # {6: {"p.weight": ..., "b.running_mean": ..., "o.weight.step": ...}}
     data = to_bytes(states); states = from_bytes(data)
-    momentum = apply(layers, states)               # {parameter: momentum buffer} for the new optimizer
+    state = apply(layers, states)                  # {parameter: its optimizer state} for the new optimizer
 
-Momentum is kept for every parameter (zeros before the first step: SGD's first step then gives exactly what
-a fresh buffer would), so a restored layer trains on exactly as the lost one would have.
+The optimizer's state of a parameter is every tensor torch keeps for it (SGD's momentum buffer; Adam's moments and
+its step count), none before its first step (a fresh optimizer's), so a restored layer trains on exactly as the
+lost one would have.
 """
 
 from __future__ import annotations
@@ -19,32 +21,36 @@ LayerStates = dict[int, dict[str, torch.Tensor]]
 
 
 def capture(layers: list[nn.Module], start: int, end: int, optimizer: torch.optim.Optimizer | None) -> LayerStates:
-    """Copies of layers [start, end): parameters, buffers and each parameter's momentum."""
+    """Copies of layers [start, end): parameters, buffers and each parameter's optimizer state."""
     out: LayerStates = {}
     for index in range(start, end):
         layer, state = layers[index], {}
         for name, p in layer.named_parameters():
             state[f"p.{name}"] = p.detach().clone()
-            buf = optimizer.state.get(p, {}).get("momentum_buffer") if optimizer is not None else None
-            state[f"m.{name}"] = buf.detach().clone() if buf is not None else torch.zeros_like(p)
+            held = optimizer.state.get(p, {}) if optimizer is not None else {}
+            for what, value in held.items():
+                if torch.is_tensor(value):
+                    state[f"o.{name}.{what}"] = value.detach().clone()
         for name, b in layer.named_buffers():
             state[f"b.{name}"] = b.detach().clone()
         out[index] = state
     return out
 
 
-def apply(layers: list[nn.Module], states: LayerStates) -> dict[nn.Parameter, torch.Tensor]:
-    """Write `states` into the layers; returns each parameter's momentum for the optimizer that trains them."""
-    momentum = {}
+def apply(layers: list[nn.Module], states: LayerStates) -> dict[nn.Parameter, dict[str, torch.Tensor]]:
+    """Write `states` into the layers; returns each parameter's optimizer state (empty before its first step) for
+    the optimizer that trains them."""
+    optimizer = {}
     with torch.no_grad():
         for index, state in states.items():
             layer = layers[index]
             for name, p in layer.named_parameters():
                 p.copy_(state[f"p.{name}"])
-                momentum[p] = state[f"m.{name}"].clone()
+                prefix = f"o.{name}."
+                optimizer[p] = {k[len(prefix) :]: v.clone() for k, v in state.items() if k.startswith(prefix)}
             for name, b in layer.named_buffers():
                 b.copy_(state[f"b.{name}"])
-    return momentum
+    return optimizer
 
 
 def select(states: LayerStates, start: int, end: int) -> LayerStates:

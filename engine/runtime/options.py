@@ -18,6 +18,7 @@ from typing import Any
 
 from engine.errors import UserError
 from engine.fields import schema, wrong
+from engine.recipe import LR_SCHEDULE_CHOICES, OPTIMIZER_CHOICES, check_freeze
 from engine.schedule import SCHEDULES
 
 
@@ -42,8 +43,31 @@ class RunOptions:
     """How to train a plan (what `python -m engine train` exposes)."""
 
     iterations: int = 10
-    lr: float = option(0.05, "Learning rate", "SGD's learning rate", 1e-6, 10.0)
-    momentum: float = option(0.9, "Momentum", "SGD's momentum", 0.0, 0.999)
+    optimizer: str = option(
+        "sgd", "Optimizer", "the optimizer of every stage (torch's betas and eps for Adam and AdamW)",
+        choices=OPTIMIZER_CHOICES,
+    )  # fmt: skip
+    lr: float = option(0.05, "Learning rate", "the peak learning rate (after the warm-up)", 1e-6, 10.0)
+    momentum: float = option(0.9, "Momentum", "SGD's momentum (Adam and AdamW do not use it)", 0.0, 0.999)
+    weight_decay: float = option(
+        0.0, "Weight decay", "weight decay of every weight but biases and norms (AdamW: decoupled from the gradient; "
+        "SGD and Adam: added to it)", 0.0, 10.0,
+    )  # fmt: skip
+    lr_schedule: str = option(
+        "constant", "Learning-rate schedule", "how the learning rate moves after the warm-up",
+        choices=LR_SCHEDULE_CHOICES,
+    )  # fmt: skip
+    warmup: int = option(
+        0, "Warm-up (iterations)", "the learning rate rises linearly to its peak over this many iterations", 0, 10**6
+    )
+    clip_grad_norm: float = option(
+        0.0, "Clip gradient norm", "scale the gradients down when their global norm (every stage, every copy) is "
+        "above this; 0: never", 0.0, 1e6,
+    )  # fmt: skip
+    freeze: str = option(
+        "", "Freeze", "train no parameter whose name this regular expression finds (re.search), e.g. "
+        "'^(embed|blocks\\.[0-5]\\.)'; empty: train every one",
+    )  # fmt: skip
     seed: int = option(0, "Seed", "the seed of the weights and of the batch order", 0, 2**31 - 1)
     init: str | None = None  # a state_dict file (the model's own keys) the weights start from, else the seed's
     dataset: str = "synthetic"
@@ -98,6 +122,11 @@ class RunOptions:
             raise UserError(f"dataset size must be at least 1, got {self.dataset_size}")
         if self.generation < 0:
             raise UserError(f"generation must not be negative, got {self.generation}")
+        if self.warmup > self.iterations:
+            raise UserError(f"warm-up must be at most the run's {self.iterations} iterations, got {self.warmup}")
+        if len(self.freeze) > 500:
+            raise UserError(f"freeze must be a regular expression of at most 500 characters, got {len(self.freeze)}")
+        check_freeze(self.freeze)
         if self.eval_every < 0:
             raise UserError(f"eval-every must be 0 (never) or more, got {self.eval_every}")
         if not (self.steps_every_s >= 0 and math.isfinite(self.steps_every_s)):

@@ -32,13 +32,13 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from engine import recipe
 from engine.data import get_dataset
 from engine.errors import UserError
 from engine.events import DeviceDone, DeviceStart, Iteration, StepEvent
 from engine.metrics import measured_throughput
 from engine.models import get_model
 from engine.models.randomness import sample_draws
-from engine.models.weights import initial_layers
 from engine.plan import OFF
 from engine.runtime import layerstate
 from engine.runtime.allreduce import StageAllReduce
@@ -59,7 +59,6 @@ from engine.runtime.waits import Aborted, Waiter, Waits
 from engine.steps import stage_actions
 
 Emit = Callable[[dict], None]
-OPTIMIZER_STATES = 1  # SGD with momentum keeps one buffer per parameter
 
 
 class _Device(Waits, Links, DeltaLinks, SplitSteps, Copies, Evaluation, StageAllReduce):
@@ -71,7 +70,7 @@ class _Device(Waits, Links, DeltaLinks, SplitSteps, Copies, Evaluation, StageAll
         opts = cfg.options
         self.spec = get_model(cfg.plan.model)
         # every process builds the same full model (the seed's, or `init`'s weights); it trains the layers it owns
-        self.layers = initial_layers(self.spec, opts.seed, opts.init)
+        self.layers = self._initial_layers()
         self.trained: set[int] = set()  # layers whose weights are no longer the seed's
         self.data = get_dataset(opts.dataset, self.spec, root=opts.data_dir, size=opts.dataset_size, seed=opts.seed)
         if len(self.data) < cfg.plan.batch_size:
@@ -91,6 +90,7 @@ class _Device(Waits, Links, DeltaLinks, SplitSteps, Copies, Evaluation, StageAll
         self.snapshot: tuple[int, layerstate.LayerStates] | None = None  # own layers at the last replication point
         self.replica: tuple[int, layerstate.LayerStates] | None = None  # the previous stage's, same point
         self.optimizer: torch.optim.Optimizer | None = None
+        self.clip = 1.0  # what the agreed global gradient norm multiplies the gradients by (engine.recipe)
         self.params: list[torch.nn.Parameter] = []
         self.fired: set[Fail] = set()
         self.hb: Heartbeat | None = None
@@ -243,7 +243,9 @@ class _Device(Waits, Links, DeltaLinks, SplitSteps, Copies, Evaluation, StageAll
         self.module.train()
         device = plan.cluster.device(self.name)
         budget = device.memory_bytes if self.opts.emulate and self.opts.enforce_memory else None
-        self.memory = MemoryMeter(self.name, budget, self.params, OPTIMIZER_STATES, self._held_bytes())
+        states = recipe.optimizer_states(self.opts.optimizer, self.opts.momentum)
+        weights = [p for layer in self.module for p in layer.parameters()]
+        self.memory = MemoryMeter(self.name, budget, weights, self.params, states, self._held_bytes())
         self.slow = gen.slow.get(self.name)
 
     def _calibrate(self, gen: Generation) -> None:
@@ -335,7 +337,8 @@ class _Device(Waits, Links, DeltaLinks, SplitSteps, Copies, Evaluation, StageAll
                     start = now()
                     out = outputs.pop(mb)
                     with self._finals(act):  # the last backward: its gradients go to the stage's ring as final
-                        out.backward() if self.last else out.backward(grad)
+                        if out.requires_grad:  # (not where every weight up to here is frozen)
+                            out.backward() if self.last else out.backward(grad)
                     x = inputs.pop(mb)
                     self.memory.release(mb)
                     self._fault(k, "backward")
@@ -358,9 +361,7 @@ class _Device(Waits, Links, DeltaLinks, SplitSteps, Copies, Evaluation, StageAll
                 p.grad = None
             raise
         self._commit_deltas(k, committed=True)
-        if self.optimizer is not None:
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+        recipe.step(self.optimizer, self.params, self.opts, k, self.clip)
         self.live = k + 1
         self.trained.update(range(*self.own))
         E = self.opts.eval_every
@@ -375,11 +376,13 @@ class _Device(Waits, Links, DeltaLinks, SplitSteps, Copies, Evaluation, StageAll
         """The end-of-iteration agreement (the commit point): loss, late steps, the stop request, the end time.
         Rank 0 reports the iteration. Returns whether every device stops after this iteration."""
         asked = self.hb is not None and self.hb.stop_at is not None and k >= self.hb.stop_at
-        totals = torch.tensor([loss_sum, self.clock.late, self.clock.steps, float(asked)], dtype=torch.float64)
+        squares = recipe.squares(self._norm_params()) if self.opts.clip_grad_norm > 0 else 0.0
+        totals = torch.tensor([loss_sum, self.clock.late, self.clock.steps, float(asked), squares], dtype=torch.float64)
         self._wait(self._allreduce(totals, self.train), "the end-of-iteration sync")
         end = torch.tensor([now()], dtype=torch.float64)
         self._wait(self._allreduce(end, self.train, dist.ReduceOp.MAX), "the end-of-iteration sync")
         end_t = float(end)
+        self.clip = recipe.clip_coefficient(float(totals[4]), self.opts.clip_grad_norm)
         seconds = self.clock.device(end_t - self.last_end)
         self.last_end = end_t
         self.times.append(seconds)

@@ -35,7 +35,7 @@ def jobs(request):
     if unknown:  # a misspelt field would otherwise be its default without a word
         return error(400, f"unknown field {', '.join(map(repr, unknown))}: the fields are {', '.join(form.fields)}")
     # the form's defaults for what the request leaves out, as on the page
-    data = {"dataset": "synthetic", "lr": 0.05, "bandwidth_mbps": 1000.0, "batch_size": 64, **request.json}
+    data = {"dataset": "synthetic", "bandwidth_mbps": 1000.0, "batch_size": 64, **request.json}
     if "iterations" not in data and "epochs" not in data:
         data["iterations"] = form.fields["iterations"].initial
     if isinstance(data.get("devices"), str):

@@ -8,6 +8,7 @@ from engine.data import PATH_DATASETS, dataset_names, train_size
 from engine.devices import LIMITS
 from engine.errors import UserError
 from engine.models import get_model, model_names
+from engine.runtime import options as run_options
 from engine.runtime.options import RunOptions, settable
 from webapp.catalog.models import LabModel, reference_of
 from webapp.devices.models import Device
@@ -107,6 +108,16 @@ class JobForm(forms.Form):
                 f"An evaluation scores at most {EVAL_SAMPLES} held-out samples in whole batches: "
                 f"use a batch size of at most {EVAL_SAMPLES}, or 0 (never).",
             )
+        if data.get("iterations") and not self.errors:  # the options together (a warm-up past the run's end, a
+            try:  # pattern that names no weight of the model)
+                recipe = run_options.RunOptions(**{n: data[n] for n in settable()}, iterations=data["iterations"])
+                if spec is not None and recipe.freeze:
+                    from engine.recipe import freeze, model_layers
+
+                    freeze(spec, model_layers(spec), recipe.freeze)
+            except UserError as exc:
+                field = {"freeze": "freeze", "warm-up": "warmup"}.get(str(exc).split(" ")[0].rstrip(":"))
+                self.add_error(field, str(exc))
         names = data.get("devices") or []
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
@@ -134,5 +145,7 @@ def option_field(spec: dict) -> forms.Field:
     common = {"label": spec["label"], "help_text": sentence, "initial": spec["default"], "required": False}
     if spec["choices"]:
         return forms.ChoiceField(choices=spec["choices"], **common)
+    if spec["type"] is str:
+        return forms.CharField(max_length=500, strip=False, **common)
     low, high = spec["low"], spec["high"]
     return whole_number(low, high, **common) if spec["type"] is int else number(low, high, **common)

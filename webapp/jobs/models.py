@@ -110,6 +110,14 @@ class Job(models.Model):
         return {name: self.options.get(name, spec["default"]) for name, spec in settable().items()}
 
     @property
+    def recipe(self):
+        """The run options that say how the job trains (optimizer, schedule, frozen weights, ...): what its plan
+        is made for (engine.recipe.planned)."""
+        from engine.runtime.options import RunOptions
+
+        return RunOptions(**self.option_values, iterations=self.iterations or 1)
+
+    @property
     def device_names(self) -> list[str]:
         plan = self.plan_object
         return plan.device_names if plan else []

@@ -13,6 +13,8 @@ from engine.plan import Plan
 from engine.planners import COMPARED, NoFeasiblePlan, Problem
 from engine.planners.feasibility import Infeasible, diagnose
 from engine.planners.levels import plan_compressed
+from engine.recipe import planned
+from engine.runtime.options import RunOptions
 from webapp.devices.models import Device
 
 Progress = Callable[[float, str], None]
@@ -62,6 +64,7 @@ def plan_all(
     compression: str = "off",
     schedule: str = "auto",
     dataset: str = "synthetic",
+    recipe: RunOptions | None = None,
 ) -> dict:
     """Every compared method's plan (or why it has none) for the devices at the `compression` levels and under
     the `schedule` (the CLI's `--compression` and `--schedule`); Asteroid's must exist and fit. Changes of
@@ -74,6 +77,8 @@ def plan_all(
     cluster = Cluster(devices, bandwidth_mbps=bandwidth_mbps, name="")  # messages say "the N devices given"
     progress(0.0, f"profiling {model} (cached after the first job)")
     w = workload(model, cluster=cluster)
+    if recipe is not None:  # as the job trains it: its optimizer's state, its frozen weights (engine.recipe)
+        w = planned(w, recipe)
     problem = Problem(w, cluster, batch_size, schedule=schedule)
     asked = parse_compression(compression)
     samples = train_size(dataset, get_model(model)) if asked.delta else None
@@ -105,11 +110,11 @@ def infeasible_message(why: Infeasible) -> str:
     return f"{why.summary}; the largest batch size that fits is about {n}: try batch size {n}"
 
 
-def planned_compute(plan: Plan) -> dict[str, float]:
-    """Each device's planned compute (forward and backward) in one iteration of `plan`, in seconds: what the
-    live page measures its steps against (the coordinator's drift check does the same, engine.runtime)."""
+def planned_compute(plan: Plan, recipe: RunOptions) -> dict[str, float]:
+    """Each device's planned compute (forward and backward) in one iteration of `plan` trained by `recipe`, in
+    seconds: what the live page measures its steps against (the coordinator's drift check does the same)."""
     from engine.steps import device_steps
     from engine.workloads import workload
 
-    w = workload(plan.model, cluster=plan.cluster)  # the profile its planning cached
+    w = planned(workload(plan.model, cluster=plan.cluster), recipe)  # the profile its planning cached
     return {name: plan.micro_batches * (s.forward_s + s.backward_s) for name, s in device_steps(plan, w).items()}

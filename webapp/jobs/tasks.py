@@ -70,7 +70,7 @@ def _plan_first(job: Job, groups: list, progress) -> tuple[dict, str]:
     for k, devices in enumerate(groups):
         try:
             result = plan_all(job.model, job.batch_size, devices, job.bandwidth_mbps, progress, job.compression,
-                              job.option_values["schedule"], job.dataset)  # fmt: skip
+                              job.option_values["schedule"], job.dataset, job.recipe)  # fmt: skip
         except UserError as exc:
             first = first or exc
             continue

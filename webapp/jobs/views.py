@@ -124,7 +124,7 @@ def job_planned(request, job_id: int):
     job = _job(request, job_id)
     plan = job.plan_object
     try:
-        planned = planning.planned_compute(plan) if plan else {}
+        planned = planning.planned_compute(plan, job.recipe) if plan else {}
     except UserError as exc:  # no profile of the model here any more: the column stays empty
         return JsonResponse({"planned_s": {}, "error": str(exc)})
     return JsonResponse({"planned_s": planned})

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from engine import recipe
 from engine.costmodel import ring_allreduce_s
 from engine.data import get_dataset
 from engine.devices import Cluster
@@ -88,7 +89,9 @@ def train(cfg: DeviceConfig, emit) -> None:
     spec = get_model(plan.model)
     data = get_dataset(opts.dataset, spec, root=opts.data_dir, size=opts.dataset_size, seed=opts.seed)
     torch.manual_seed(opts.seed)  # every process builds the same model; dropout draws then follow this stream
-    model = nn.Sequential(*spec.layers())
+    layers = spec.layers()
+    recipe.freeze(spec, layers, opts.freeze)
+    model = nn.Sequential(*layers)
     model.train()
     store = sync.store(cfg)
     clock = sync.clock(cfg, store, model, None, last=True)
@@ -96,7 +99,8 @@ def train(cfg: DeviceConfig, emit) -> None:
     ddp = nn.parallel.DistributedDataParallel(model)
     shaper = _LinkShaper(clock, plan.cluster, cfg.world_size, st.backward_s)
     ddp.register_comm_hook(shaper, _shaped_allreduce)
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=opts.lr, momentum=opts.momentum)
+    params = [p for p in ddp.parameters() if p.requires_grad]
+    optimizer = recipe.make_optimizer(params, opts)
     # Each rank's loss is weighted by its share; the hook divides the sum by the world size, so the
     # result is the gradient of the whole batch's mean loss, whatever the shares.
     weight = st.samples / plan.batch_size
@@ -109,7 +113,7 @@ def train(cfg: DeviceConfig, emit) -> None:
         shaper.begin_backward()
         (loss * cfg.world_size).backward()  # returns once DDP has every shaped bucket back
         clock.wait_until(shaper.link_free)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        clip = recipe.clip_coefficient(recipe.squares(params), opts.clip_grad_norm)  # every rank has every gradient
+        recipe.step(optimizer, params, opts, k, clip)
         its.finish(k, float(loss.detach()))
     its.done(model.state_dict() if opts.save_model and cfg.rank == 0 else None)

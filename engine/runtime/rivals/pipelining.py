@@ -12,7 +12,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from engine import recipe
 from engine.data import get_dataset
+from engine.errors import UserError
 from engine.models import get_model
 from engine.runtime.batches import batch_indices, load
 from engine.runtime.config import DeviceConfig
@@ -80,8 +82,11 @@ def train(cfg: DeviceConfig, emit) -> None:
         if first or last
         else None
     )
+    if opts.clip_grad_norm > 0:  # it would need the norm over every stage, which torch's schedule does not agree
+        raise UserError("torch.distributed.pipelining (the rival) does not clip gradients: run it with no clipping")
     torch.manual_seed(opts.seed)
     layers = spec.layers()
+    recipe.freeze(spec, layers, opts.freeze)
     x_in, x_out = boundary_examples(spec, layers, stage_plan.start, stage_plan.end)
     module = stage_module(layers, stage_plan.start, stage_plan.end)
     del layers
@@ -104,7 +109,7 @@ def train(cfg: DeviceConfig, emit) -> None:
     )
     # Every stage gets the loss: torch runs the backward only when the schedule has a loss function.
     schedule = Schedule1F1B(stage, plan.micro_batches, loss_fn=spec.loss)
-    optimizer = torch.optim.SGD(module.parameters(), lr=opts.lr, momentum=opts.momentum)
+    optimizer = recipe.make_optimizer([p for p in module.parameters() if p.requires_grad], opts)
     its = sync.Iterations(cfg, store, clock, emit)
     for k in range(opts.iterations):
         args, target, losses = (), None, []
@@ -112,7 +117,6 @@ def train(cfg: DeviceConfig, emit) -> None:
             x, y = load(data, batch_indices(len(data), plan.batch_size, opts.seed, k))
             args, target = ((x,) if first else ()), (y if last else None)
         schedule.step(*args, target=target, losses=losses if last else None, return_outputs=False)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        recipe.step(optimizer, [], opts, k, 1.0)
         its.finish(k, float(torch.stack(losses).detach().mean()) if last else 0.0)
     its.done(part_state_dict(module, stage_plan.start) if opts.save_model else None)

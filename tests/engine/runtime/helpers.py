@@ -6,6 +6,7 @@ import random
 
 import torch
 
+from engine import recipe
 from engine.costmodel import Workload
 from engine.data import get_dataset
 from engine.devices import Cluster, Device
@@ -13,6 +14,7 @@ from engine.models import get_model
 from engine.models.randomness import sample_draws
 from engine.plan import Plan, Share, Stage
 from engine.runtime.batches import batch_indices, load
+from engine.runtime.options import RunOptions
 from tests.engine.instances import random_workload
 
 
@@ -48,15 +50,20 @@ def make_plan(model: str, cluster: Cluster, batch: int, micro_batches: int, stag
     )
 
 
-def reference_run(model: str, batch: int, iterations: int, lr: float, momentum: float = 0.9, seed: int = 0):
-    """One process training the unpartitioned model on the same batches: (losses, state_dict).
+def reference_run(model: str, batch: int, iterations: int, lr: float, momentum: float = 0.9, seed: int = 0,
+                  options: RunOptions | None = None):  # fmt: skip
+    """One process training the unpartitioned model on the same batches: (losses, state_dict). `options` gives
+    the recipe (optimizer, schedule, clipping with torch's clip_grad_norm_, frozen weights); else SGD at `lr`.
 
     Dropout masks are those of samples 0..batch-1 of iteration k under `seed` (see engine.models.randomness).
     """
+    opts = options or RunOptions(iterations=iterations, lr=lr, momentum=momentum, seed=seed)
     spec = get_model(model)
     torch.manual_seed(seed)
     net = spec.sequential()
-    opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum)
+    recipe.freeze(spec, list(net), opts.freeze)
+    params = [p for p in net.parameters() if p.requires_grad]
+    opt = recipe.make_optimizer(params, opts)
     data = get_dataset("synthetic", spec, size=2048, seed=seed)
     losses = []
     for k in range(iterations):
@@ -65,6 +72,9 @@ def reference_run(model: str, batch: int, iterations: int, lr: float, momentum: 
             out = net(x)
         loss = spec.loss(out, y)
         loss.backward()
+        if opts.clip_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(params, opts.clip_grad_norm)
+        recipe.set_lr(opt, opts, k)
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())

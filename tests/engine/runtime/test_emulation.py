@@ -43,7 +43,7 @@ def test_memory_meter_counts_saved_activations_once_and_enforces_the_budget():
     layer = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 256))
     params = list(layer.parameters())
     static = sum(p.numel() * 4 for p in params) * 3  # weights, gradients, one momentum buffer
-    meter = MemoryMeter("nano-0", None, params, optimizer_states=1)
+    meter = MemoryMeter("nano-0", None, params, params, optimizer_states=1)
     assert meter.current == static
     x = torch.randn(64, 256)
     with meter.forward(0):
@@ -54,7 +54,7 @@ def test_memory_meter_counts_saved_activations_once_and_enforces_the_budget():
     out.sum().backward()
     meter.release(0)
     assert meter.current == static and meter.peak == static + held
-    tight = MemoryMeter("nano-0", static + held // 2, params, optimizer_states=1)
+    tight = MemoryMeter("nano-0", static + held // 2, params, params, optimizer_states=1)
     with pytest.raises(DeviceOutOfMemory, match="device nano-0 ran out of memory"):
         with tight.forward(0):
             layer(x)
@@ -70,7 +70,7 @@ def test_what_the_meter_saw_is_freed_after_a_split_backward():
 
     # the sigmoid saves its output, and its node lies on the input's gradient path only: B runs it, W never does
     layer = nn.Sequential(nn.Sigmoid(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 64))
-    meter = MemoryMeter("nx-0", None, list(layer.parameters()), optimizer_states=1)
+    meter = MemoryMeter("nx-0", None, list(layer.parameters()), list(layer.parameters()), optimizer_states=1)
     split = SplitBackward(layer)
     alive = []
     layer[0].register_forward_hook(lambda module, args, out: alive.append(weakref.ref(out)))

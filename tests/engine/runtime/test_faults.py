@@ -281,7 +281,7 @@ def test_healthy_waits_are_bounded_by_the_longest_restore_as_well_as_the_longest
         Piece("nano-2", 0, 15, SEED, SEED, 0),
     ]
     gen = coordinator._generation(1, plan, 2, iter(pieces))  # a generator is read once
-    real = with_model_bytes(w)  # what crosses the links is the model's weights and momentum, not the made-up bytes
+    real = with_model_bytes(w, OPTIONS)  # what crosses the links: the model's weights and momentum, not made-up bytes
     assert real.param_bytes != w.param_bytes and sum(real.param_bytes) > 10**7
     expect = link_s(plan.cluster, replica_bytes(real, 0, 5)) + link_s(plan.cluster, replica_bytes(real, 5, 8))
     assert gen.pieces == tuple(pieces) and gen.restore_s == pytest.approx(expect)
