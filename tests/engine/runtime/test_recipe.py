@@ -145,3 +145,15 @@ def test_a_freeze_pattern_that_names_nothing_is_refused():
     spec = get_model(MODEL)
     with pytest.raises(UserError, match="names no parameter of gpt-small"):
         recipe.freeze(spec, spec.layers(), "^encoder")
+
+
+def test_an_emulated_stage_whose_weights_are_all_frozen_calibrates_without_a_backward():
+    """Its warm-up step has nothing to differentiate (the data takes no gradient, no weight is trained)."""
+    from engine.runtime.stage import calibrated_clock
+
+    spec = get_model(MODEL)
+    layers = spec.layers()
+    recipe.freeze(spec, layers, r"^[0-4]\.")
+    module = torch.nn.Sequential(*layers[:5])
+    clock = calibrated_clock(10.0, spec, module, 2, None, False, 0.1, 0.1, None, 0, 1, 0)
+    assert clock.dilation == 10.0
