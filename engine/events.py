@@ -130,6 +130,29 @@ class Iteration(Event):
 
 
 @dataclass(frozen=True)
+class Diverged(Event):
+    """The run diverged in `iteration` (1-based): its loss is not a number, or its held-out loss is past chance's
+    (engine.recipe.divergence). Said once; the run stops when its options say so (`stop_on_divergence`)."""
+
+    TYPE = "diverged"
+    SENT_BY, LOG = "coordinator", "warning"
+
+    iteration: int
+    why: str
+    stopped: bool = False
+
+    def line(self) -> str:
+        then = "the run stops (stop on divergence)" if self.stopped else "it goes on"
+        return (
+            f"the run diverged at iteration {self.iteration}: {self.why}; {then}. Lower the learning rate, or warm "
+            "up and clip (the recipe: docs/training.md)"
+        )
+
+    def mark(self) -> dict:
+        return {"x": self.iteration, "text": "diverged", "tone": "bad"}
+
+
+@dataclass(frozen=True)
 class Eval(Event):
     """The model after an iteration, scored on the dataset's held-out split (forward only, through the pipeline)."""
 
@@ -242,6 +265,7 @@ CATALOGUE: dict[str, type[Event]] = {
         StepEvent,
         Iteration,
         Eval,
+        Diverged,
         DeviceDone,
         DeviceError,
         JobStopped,

@@ -38,7 +38,51 @@ LR_SCHEDULE_CHOICES = (
     ("linear", "linear decay to 0"),
     ("cosine", "cosine decay to 0"),
 )
+# What a model brings when its owner sets none of these: transformers the Hugging Face Trainer's recipe (AdamW,
+# warm-up over a tenth of the run, then cosine; clipping at norm 1), every other model RunOptions' own (SGD with
+# momentum 0.9 at 0.05, constant).
+FAMILY_RECIPES = {
+    "transformer": {
+        "optimizer": "adamw",
+        "lr": 3e-4,
+        "weight_decay": 0.01,
+        "lr_schedule": "cosine",
+        "clip_grad_norm": 1.0,
+    },  # fmt: skip
+    "other": {},
+}
+RECIPE_OPTIONS = ("optimizer", "lr", "weight_decay", "lr_schedule", "warmup", "clip_grad_norm")
 CLIP_EPSILON = 1e-6  # torch.nn.utils.clip_grad_norm_'s: coefficient = max_norm / (norm + 1e-6), at most 1
+
+
+def family(spec: ModelSpec) -> str:
+    """The recipe family: "transformer" for a model of that family, or one that holds attention or layer norms (a
+    user's ViT on images too); else "other"."""
+    if spec.family == "transformer" or spec.input_dtype == "int64":
+        return "transformer"
+    for layer in model_layers(spec):
+        for module in layer.modules():
+            kind = type(module).__name__
+            if "Attention" in kind or kind in ("LayerNorm", "RMSNorm") or kind.endswith("RMSNorm"):
+                return "transformer"
+    return "other"
+
+
+def family_defaults(spec: ModelSpec, iterations: int) -> dict:
+    """The recipe options `spec`'s family brings (FAMILY_RECIPES; a transformer's warm-up: a tenth of the run)."""
+    kind = family(spec)
+    found = dict(FAMILY_RECIPES[kind])
+    if kind == "transformer":
+        found["warmup"] = iterations // 10
+    return found
+
+
+def defaults_text(name: str, other) -> str:
+    """How the default of recipe option `name` (`other` for models other than transformers) depends on the model:
+    "adamw for transformers, sgd for other models"."""
+    value = FAMILY_RECIPES["transformer"].get(name, "a tenth of the run" if name == "warmup" else other)
+    show = lambda v: f"{v:g}" if isinstance(v, float) else str(v)  # noqa: E731
+    return f"{show(value)} for transformers, {show(other)} for other models"
 
 
 def optimizer_states(optimizer: str, momentum: float = 0.9) -> int:
@@ -138,6 +182,27 @@ def describe(options) -> str:
     if options.freeze:
         parts.append(f"frozen: the weights {options.freeze!r} names")
     return ", ".join(parts)
+
+
+def chance_loss(spec: ModelSpec) -> float | None:
+    """The loss of guessing: ln(classes), or of the vocabulary for a language model (None with one class)."""
+    return math.log(spec.num_classes) if spec.num_classes > 1 else None
+
+
+DIVERGED_PAST_CHANCE = 1.05  # a held-out loss this many times chance's is past it (not an untrained model's noise)
+
+
+def divergence(ev: dict, chance: float | None) -> str | None:
+    """Why an `iteration` or `eval` event says the run diverged (its loss not finite; its held-out loss past
+    chance), else None."""
+    if ev.get("type") == "iteration" and ev.get("loss") is None:
+        return "its training loss is not a number"
+    if ev.get("type") == "eval":
+        if ev.get("loss") is None:
+            return "its held-out loss is not a number"
+        if chance is not None and ev["loss"] > chance * DIVERGED_PAST_CHANCE:
+            return f"its held-out loss {ev['loss']:.2f} is past chance's {chance:.2f}"
+    return None
 
 
 def check_freeze(pattern: str) -> None:

@@ -124,13 +124,18 @@ _bandwidth = _bounded(float, *LIMITS["bandwidth_mbps"])
 
 def _run_option_arguments(parser: argparse.ArgumentParser) -> None:
     """A flag per run option a job's owner sets (engine.runtime.options.settable()): --lr, --seed, --schedule ..."""
+    from engine.recipe import RECIPE_OPTIONS, defaults_text
     from engine.runtime.options import settable
 
     for name, spec in settable().items():
         default = spec["default"] if spec["default"] != "" else "none"
         options = {"default": spec["default"], "help": f"{spec['help']} (default {default})"}
+        if name in RECIPE_OPTIONS:  # the model's family's (engine.recipe.family_defaults), filled in by `train`
+            options.update(default=None, help=f"{spec['help']} (default {defaults_text(name, spec['default'])})")
         if spec["choices"]:
             options["choices"] = [value for value, _ in spec["choices"]]
+        elif spec["type"] is bool:  # a switch: given, it is on
+            options.update(action="store_true", help=spec["help"])
         elif spec["type"] is str:
             options["metavar"] = "TEXT"
         else:
@@ -153,7 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--method", default="asteroid", choices=[*PLANNERS, "all"], help="planner (default asteroid)")
     p.add_argument("--bandwidth-mbps", type=_bandwidth, help="override the cluster's link bandwidth")
     p.add_argument(
-        "--optimizer", default="sgd", choices=["sgd", "adam", "adamw"], help="optimizer state to budget for (sgd)"
+        "--optimizer",
+        choices=["sgd", "adam", "adamw"],
+        help="optimizer state to budget for (default adamw for transformers, sgd for other models)",
     )
     p.add_argument("--freeze", default="", metavar="REGEX", help="plan for training without the weights it names")
     p.add_argument("--refresh-profile", action="store_true", help="profile the model again instead of the cache")

@@ -18,14 +18,16 @@ from engine.planners.levels import plan_compressed
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from engine.recipe import planned
+    from engine.models import get_model
+    from engine.recipe import family_defaults, planned
     from engine.runtime.options import RunOptions
     from engine.tables import comparison_table, plan_table
     from engine.workloads import workload
 
     cluster = load_cluster(args.cluster, args.bandwidth_mbps)
     w = workload(args.model, refresh=args.refresh_profile, cluster=cluster)
-    w = planned(w, RunOptions(optimizer=args.optimizer, freeze=args.freeze))  # its optimizer state, its frozen part
+    optimizer = args.optimizer or family_defaults(get_model(args.model), 1).get("optimizer", "sgd")
+    w = planned(w, RunOptions(optimizer=optimizer, freeze=args.freeze))  # its optimizer state, its frozen part
     problem = Problem(w, cluster, args.batch_size, allreduce=args.allreduce, schedule=args.schedule)
     if args.method != "all":
         plan = fitting_plan(args.method, problem, args.compression)

@@ -118,6 +118,20 @@ def _check_dataset(args: argparse.Namespace, model: str, batch_size: int, plan: 
         )
 
 
+def _resolve_recipe(args: argparse.Namespace, model: str) -> None:
+    """Fill the recipe flags not given with the model family's defaults (engine.recipe.family_defaults), then
+    check the options together (a warm-up past the run, a bad pattern), before any planning."""
+    from engine.models import get_model
+    from engine.recipe import RECIPE_OPTIONS, family_defaults
+    from engine.runtime.options import RunOptions, settable
+
+    brought = family_defaults(get_model(model), args.iterations)
+    for name in RECIPE_OPTIONS:
+        if getattr(args, name) is None:
+            setattr(args, name, brought.get(name, settable()[name]["default"]))
+    RunOptions(iterations=args.iterations, **{name: getattr(args, name) for name in settable()})
+
+
 def is_weights_file(path: str) -> bool:
     """Whether `--save PATH` names a state_dict file (else, for a Hugging Face model, a model folder)."""
     from engine.models.weights import WEIGHT_SUFFIXES
@@ -152,8 +166,6 @@ def cmd_train(args: argparse.Namespace) -> int:
     faults = FaultArgs(args.fail, args.leave, args.join, args.slow).parse()
     if args.replicate_every is not None and args.replicate_every < 0:
         raise UserError(f"--replicate-every must be 0 or more, got {args.replicate_every}")
-    if not args.resume:  # the recipe's mistakes (a warm-up past the run, a bad pattern) before any planning
-        RunOptions(iterations=args.iterations, **{name: getattr(args, name) for name in settable()})
     resume = None
     if args.resume:
         from engine.runtime.central import load_resume
@@ -186,6 +198,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             what, field = _PLAN_SETS[flag]
             raise UserError(f"a plan file sets its own {what} (its {field!r} field): drop {flag}")
         plan = _read_plan(args.plan)
+        _resolve_recipe(args, plan.model)
         _check_dataset(args, plan.model, plan.batch_size, plan=True)
         w = planned(workload(plan.model, cluster=plan.cluster), args)
     else:
@@ -194,6 +207,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         if args.rank is not None:
             raise UserError("a distributed run trains a plan file: pass --plan (every device the same)")
         cluster = load_cluster(args.cluster, args.bandwidth_mbps)
+        _resolve_recipe(args, args.model)
         _check_dataset(args, args.model, args.batch_size)
         w = planned(workload(args.model, cluster=cluster), args)  # as the recipe trains it (engine.recipe)
         problem = Problem(w, cluster, args.batch_size, allreduce=args.allreduce, schedule=args.schedule)

@@ -32,6 +32,7 @@ from engine.compression import plan_compression
 from engine.costmodel import Workload, link_s, replica_bytes, replication_s, score
 from engine.devices import Cluster
 from engine.errors import UserError
+from engine.events import Diverged
 from engine.models import get_model
 from engine.plan import Plan
 from engine.runtime.central import CentralReplica
@@ -155,6 +156,7 @@ class Coordinator(Drift, Membership, CentralReplica):
         self.pending_join = list(self.faults.join)
         self.pending_leave = list(self.faults.leave)
         self.drift = 0
+        self.diverged = False  # said once (engine.recipe.divergence)
         self.resume = resume
         # generations are numbered once over a run: a resumed one goes on from its central replica's (or from
         # what the caller counted)
@@ -345,6 +347,8 @@ class Coordinator(Drift, Membership, CentralReplica):
     def _event(self, ev: dict) -> None:
         kind = ev.get("type")
         ev = self.collected.add(ev) if kind != "iteration" else ev
+        if kind in ("iteration", "eval") and not self.diverged:
+            self._check_divergence(ev)
         if kind == "iteration":
             k = ev["iteration"]
             self.iterations[k] = ev
@@ -367,6 +371,20 @@ class Coordinator(Drift, Membership, CentralReplica):
             self.emit(ev)
             raise self._fail(f"device {ev['device']} failed {when}: {ev['message']}", ev["device"], it)
         self.emit(ev)
+
+    def _check_divergence(self, ev: dict) -> None:
+        """Say once that the run diverged (engine.recipe.divergence); end it when the options ask to."""
+        why = recipe.divergence(ev, recipe.chance_loss(get_model(self.plan.model)))
+        if why is None:
+            return
+        self.diverged = True
+        stop = self.opts.stop_on_divergence
+        said = Diverged(ev["iteration"] + 1, why, stop).to_message()
+        self.emit(said)
+        if stop:
+            self.emit(ev)
+            message = f"the run diverged at iteration {ev['iteration'] + 1} ({why}) and stopped, as its options ask"
+            raise self._fail(message, "", ev["iteration"] + 1)
 
     # -- detection ----------------------------------------------------------------------------------------
 

@@ -68,6 +68,10 @@ class RunOptions:
         "", "Freeze", "train no parameter whose name this regular expression finds (re.search), e.g. "
         "'^(embed|blocks\\.[0-5]\\.)'; empty: train every one",
     )  # fmt: skip
+    stop_on_divergence: bool = option(
+        False, "Stop on divergence", "end the run when its loss is not a number or its held-out loss passes chance "
+        "(it is said either way)",
+    )  # fmt: skip
     seed: int = option(0, "Seed", "the seed of the weights and of the batch order", 0, 2**31 - 1)
     init: str | None = None  # a state_dict file (the model's own keys) the weights start from, else the seed's
     dataset: str = "synthetic"

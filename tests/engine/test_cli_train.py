@@ -91,6 +91,16 @@ def test_one_process_per_rank_with_a_rendezvous(plan_file, profile_cache):
         (["train", "--model", "mobilenetv2", "--cluster", "C", "--timeout", "inf"], "a positive number, got inf"),
         (["train", "--model", "mobilenetv2", "--cluster", "C", "--dilation", "nan"], "a positive number, got nan"),
         (["train", "--model", "mobilenetv2", "--cluster", "C", "--slow", "nx-0@2:1e9"], "FACTOR must be a number from"),
+        (
+            ["train", "--model", "mobilenetv2", "--cluster", "C", "--warmup", "11"],
+            "warm-up must be at most the run's 10",
+        ),
+        (
+            ["train", "--model", "mobilenetv2", "--cluster", "C", "--freeze", "^head"],
+            "names no parameter of mobilenetv2",
+        ),
+        (["train", "--model", "mobilenetv2", "--cluster", "C", "--freeze", "(("], "is no regular expression"),
+        (["train", "--model", "mobilenetv2", "--cluster", "C", "--optimizer", "lamb"], "invalid choice: 'lamb'"),
         (["bench", "reproduce", "--clusters", "AQ"], "--clusters takes letters of ABCD"),
         (["bench", "reproduce", "--bandwidths", "fast"], "--bandwidths takes comma-separated numbers"),
         (["bench", "reproduce", "--models", "nope"], "unknown model 'nope'"),
@@ -115,3 +125,16 @@ def test_train_errors_are_one_line(capsys, argv, needle):
 def test_distributed_argument_errors(capsys, plan_file, extra, needle):
     code, _, err = run(capsys, "train", "--plan", str(plan_file), *extra)
     assert code == 2 and needle in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_recipe_flags_left_out_are_the_model_familys():
+    from engine.cli.parser import build_parser
+    from engine.cli.train import _resolve_recipe
+
+    parse = lambda *a: build_parser().parse_args(["train", "--cluster", "C", "--iterations", "40", *a])  # noqa: E731
+    gpt = parse("--model", "gpt-small", "--lr", "1e-3")
+    _resolve_recipe(gpt, "gpt-small")
+    assert (gpt.optimizer, gpt.lr, gpt.warmup, gpt.lr_schedule, gpt.clip_grad_norm) == ("adamw", 1e-3, 4, "cosine", 1.0)
+    cnn = parse("--model", "mobilenetv2")
+    _resolve_recipe(cnn, "mobilenetv2")
+    assert (cnn.optimizer, cnn.lr, cnn.momentum, cnn.warmup, cnn.clip_grad_norm) == ("sgd", 0.05, 0.9, 0, 0.0)

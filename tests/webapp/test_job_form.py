@@ -122,3 +122,33 @@ def test_the_form_says_which_boards_are_emulated_and_refuses_a_mix_or_a_device_n
     form = JobForm({**base, "devices": ["nx-0", "nx-0"]})
     assert form.errors["devices"] == ["Each device once: nx-0 named more than once."]
     assert JobForm({**base, "devices": ["nx-0", "tx2-0"]}).is_valid()
+
+
+@pytest.mark.parametrize(
+    "model, expected",
+    [
+        ("gpt-small", {"optimizer": "adamw", "lr": 3e-4, "lr_schedule": "cosine", "warmup": 4, "clip_grad_norm": 1.0}),
+        ("bert-small", {"optimizer": "adamw", "weight_decay": 0.01, "warmup": 4}),
+        ("mobilenetv2", {"optimizer": "sgd", "lr": 0.05, "momentum": 0.9, "lr_schedule": "constant", "warmup": 0}),
+    ],
+)
+def test_a_model_brings_its_recipe_where_the_owner_sets_none(cluster_c, model, expected):
+    """A transformer trains with AdamW, warm-up and cosine decay (with SGD at 0.05 gpt-small diverged); a CNN with
+    SGD and momentum. What the owner sets wins."""
+    form = JobForm({"batch_size": 16, "bandwidth_mbps": 1000, "model": model, "dataset": "synthetic",
+                    "iterations": 40})  # fmt: skip
+    assert form.is_valid(), form.errors
+    assert {k: form.cleaned_data[k] for k in expected} == expected
+    mine = JobForm({"batch_size": 16, "bandwidth_mbps": 1000, "model": model, "dataset": "synthetic",
+                    "iterations": 40, "optimizer": "adam", "lr": 0.01})  # fmt: skip
+    assert mine.is_valid() and (mine.cleaned_data["optimizer"], mine.cleaned_data["lr"]) == ("adam", 0.01)
+    assert "Empty: the model's, adamw for transformers, sgd for other models." in str(JobForm()["optimizer"].help_text)
+
+
+def test_a_warmup_past_the_run_or_a_pattern_naming_nothing_is_the_fields_error(cluster_c):
+    body = {"batch_size": 16, "bandwidth_mbps": 1000, "model": "gpt-small", "dataset": "synthetic", "iterations": 5}
+    form = JobForm({**body, "warmup": 6})
+    assert not form.is_valid() and "warm-up must be at most the run's 5 iterations" in form.errors["warmup"][0]
+    form = JobForm({**body, "freeze": "^encoder"})
+    assert not form.is_valid() and "names no parameter of gpt-small" in form.errors["freeze"][0]
+    assert JobForm({**body, "freeze": r"^[0-3]\."}).is_valid()

@@ -8,6 +8,7 @@ from engine.data import PATH_DATASETS, dataset_names, train_size
 from engine.devices import LIMITS
 from engine.errors import UserError
 from engine.models import get_model, model_names
+from engine.recipe import RECIPE_OPTIONS, defaults_text, family_defaults
 from engine.runtime import options as run_options
 from engine.runtime.options import RunOptions, settable
 from webapp.catalog.models import LabModel, reference_of
@@ -59,7 +60,7 @@ class JobForm(forms.Form):
         # the datasets read from a path on the devices are the CLI's: a job has no data folder yet
         self.fields["dataset"].choices = [(d, d) for d in dataset_names() if d not in PATH_DATASETS]
         for name, spec in settable().items():  # the run options, from their declarations
-            self.fields[name] = option_field(spec)
+            self.fields[name] = option_field(name, spec)
         self.order_fields(["model", "dataset", "batch_size", "iterations", "epochs", *settable()])
         self.fields["devices"].choices = [
             (d.name, f"{d.name} ({d.get_kind_display()}, {'emulated' if d.emulated else 'real board'}, {d.status})")
@@ -71,9 +72,12 @@ class JobForm(forms.Form):
 
     def clean(self):
         data = super().clean()
+        brought = set()  # the recipe options left to the model (engine.recipe.family_defaults), once it is known
         for name, spec in settable().items():
             if name in data and data[name] in (None, ""):  # left empty, or out of an API request: the default
                 data[name] = spec["default"]
+                if name in RECIPE_OPTIONS:
+                    brought.add(name)
         model, dataset, size = data.get("model"), data.get("dataset"), None
         if model:  # what the job trains: a registered model's pinned reference, or the zoo's name
             data["model"] = model = reference_of(model)
@@ -108,6 +112,8 @@ class JobForm(forms.Form):
                 f"An evaluation scores at most {EVAL_SAMPLES} held-out samples in whole batches: "
                 f"use a batch size of at most {EVAL_SAMPLES}, or 0 (never).",
             )
+        if spec is not None and data.get("iterations"):
+            data.update({k: v for k, v in family_defaults(spec, data["iterations"]).items() if k in brought})
         if data.get("iterations") and not self.errors:  # the options together (a warm-up past the run's end, a
             try:  # pattern that names no weight of the model)
                 recipe = run_options.RunOptions(**{n: data[n] for n in settable()}, iterations=data["iterations"])
@@ -138,14 +144,19 @@ class JobForm(forms.Form):
         return data
 
 
-def option_field(spec: dict) -> forms.Field:
+def option_field(name: str, spec: dict) -> forms.Field:
     """A run option's form field from its declaration (engine.runtime.options.option): a bounded number or a
     choice; optional, its default when left empty."""
     sentence = spec["help"][:1].upper() + spec["help"][1:] + "."
     common = {"label": spec["label"], "help_text": sentence, "initial": spec["default"], "required": False}
+    if name in RECIPE_OPTIONS:  # empty: the model's (engine.recipe.family_defaults)
+        common.update(initial=None, help_text=f"{sentence} Empty: the model's, {defaults_text(name, spec['default'])}.")
     if spec["choices"]:
-        return forms.ChoiceField(choices=spec["choices"], **common)
+        empty = [("", "the model's")] if name in RECIPE_OPTIONS else []
+        return forms.ChoiceField(choices=[*empty, *spec["choices"]], **common)
     if spec["type"] is str:
         return forms.CharField(max_length=500, strip=False, **common)
+    if spec["type"] is bool:
+        return forms.BooleanField(**common)
     low, high = spec["low"], spec["high"]
     return whole_number(low, high, **common) if spec["type"] is int else number(low, high, **common)

@@ -157,3 +157,25 @@ def test_an_emulated_stage_whose_weights_are_all_frozen_calibrates_without_a_bac
     module = torch.nn.Sequential(*layers[:5])
     clock = calibrated_clock(10.0, spec, module, 2, None, False, 0.1, 0.1, None, 0, 1, 0)
     assert clock.dilation == 10.0
+
+
+def test_divergence_is_a_loss_that_is_no_number_or_a_held_out_loss_past_chance():
+    chance = recipe.chance_loss(get_model(MODEL))
+    assert chance == pytest.approx(9.011, abs=1e-3)  # ln 8192
+    assert recipe.divergence({"type": "iteration", "loss": None}, chance) == "its training loss is not a number"
+    assert recipe.divergence({"type": "iteration", "loss": 50.0}, chance) is None  # a spike is no verdict
+    assert recipe.divergence({"type": "eval", "loss": 9.2}, chance) is None  # an untrained model's noise
+    assert "past chance's 9.01" in recipe.divergence({"type": "eval", "loss": 9.65}, chance)
+
+
+def test_a_run_that_diverges_says_so_and_stops_when_asked():
+    from engine.runtime.coordinator import RunFailed
+
+    events = []
+    opts = RunOptions(iterations=6, optimizer="sgd", lr=10.0, dataset="pytext", eval_every=2, eval_samples=64,
+                      stop_on_divergence=True, emulate=False, timeout_s=60)  # fmt: skip
+    with pytest.raises(RunFailed, match="diverged at iteration [24] .*and stopped, as its options ask"):
+        train(_plan(), model_workload(MODEL), opts, events.append)
+    (said,) = [e for e in events if e["type"] == "diverged"]
+    assert said["stopped"] and "past chance" in said["why"]
+    assert max(e["iteration"] for e in events if e["type"] == "iteration") < 4
