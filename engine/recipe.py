@@ -5,7 +5,7 @@ are frozen; the same functions serve every device of a pipeline and the one-proc
     optimizer = make_optimizer(params, options)            # None when nothing is trained
     set_lr(optimizer, options, k)                          # before iteration k's step (k from 0)
     coefficient = clip_coefficient(total_squares, options.clip_grad_norm)
-    frozen = frozen_names(spec, layers, options.freeze)    # and freeze(...) sets requires_grad
+    prepare(spec, layers, options)                         # adapters (engine.lora), frozen weights
 
 The learning rate of iteration k is `lr * lr_factor(k, ...)`: a pure function of k, so replays and resumed runs
 step with exactly the rate of an uninterrupted run. Each optimizer's state (momentum; Adam's moments and step
@@ -179,6 +179,9 @@ def describe(options) -> str:
         parts.append(f"weight decay {options.weight_decay:g}")
     if options.clip_grad_norm:
         parts.append(f"clipped at norm {options.clip_grad_norm:g}")
+    if options.lora:
+        targets = f"the Linear layers {options.lora_targets!r} names" if options.lora_targets else "every Linear layer"
+        parts.append(f"LoRA of rank {options.lora} on {targets}")
     if options.freeze:
         parts.append(f"frozen: the weights {options.freeze!r} names")
     return ", ".join(parts)
@@ -205,12 +208,14 @@ def divergence(ev: dict, chance: float | None) -> str | None:
     return None
 
 
-def check_freeze(pattern: str) -> None:
+def check_freeze(pattern: str, what: str = "freeze") -> None:
     """UserError unless `pattern` is a regular expression."""
+    if len(pattern) > 500:
+        raise UserError(f"{what} must be a regular expression of at most 500 characters, got {len(pattern)}")
     try:
         re.compile(pattern)
     except re.error as exc:
-        raise UserError(f"freeze: {pattern!r} is no regular expression ({exc})") from None
+        raise UserError(f"{what}: {pattern!r} is no regular expression ({exc})") from None
 
 
 def named_parameters(spec: ModelSpec, layers: list[nn.Module]) -> list[tuple[str, nn.Parameter]]:
@@ -233,7 +238,7 @@ def freeze(spec: ModelSpec, layers: list[nn.Module], pattern: str) -> list[str]:
     check_freeze(pattern)
     regex = re.compile(pattern)
     named = named_parameters(spec, layers)
-    frozen = [name for name, p in named if regex.search(name)]
+    frozen = [name for name, p in named if regex.search(name) and not name.endswith((".lora_a", ".lora_b"))]
     if not frozen:
         few = ", ".join(n for n, _ in named[:4])
         raise UserError(f"freeze: {pattern!r} names no parameter of {spec.name} (its names are like {few})")
@@ -260,8 +265,17 @@ def planned(w: Workload, options) -> Workload:
 
     spec = get_model(w.model)
     layers = model_layers(spec)
-    freeze(spec, layers, options.freeze)
+    prepare(spec, layers, options)
     return trained_workload(w, layers, options)
+
+
+def prepare(spec: ModelSpec, layers: list[nn.Module], options) -> None:
+    """The model's layers as the run trains them: low-rank adapters where `options.lora` asks (engine.lora; the
+    adapted weights frozen), then the weights `options.freeze` names frozen. Every process does the same."""
+    from engine.lora import add_adapters
+
+    add_adapters(spec, layers, options.lora, options.lora_targets)
+    freeze(spec, layers, options.freeze)
 
 
 def trained_workload(w: Workload, layers: list[nn.Module], options) -> Workload:

@@ -163,6 +163,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="optimizer state to budget for (default adamw for transformers, sgd for other models)",
     )
     p.add_argument("--freeze", default="", metavar="REGEX", help="plan for training without the weights it names")
+    p.add_argument(
+        "--lora",
+        type=_bounded(int, 0, 1024),
+        default=0,
+        metavar="RANK",
+        help="plan for low-rank adapters of this rank instead of the Linear layers' weights (0: none)",
+    )
+    p.add_argument("--lora-targets", default="", metavar="REGEX", help="the Linear layers --lora adapts (all)")
     p.add_argument("--refresh-profile", action="store_true", help="profile the model again instead of the cache")
     p.add_argument("--json", action="store_true", help="print the plan JSON (with --method all: every plan)")
     _pipeline_arguments(p)

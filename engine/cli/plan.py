@@ -27,7 +27,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     cluster = load_cluster(args.cluster, args.bandwidth_mbps)
     w = workload(args.model, refresh=args.refresh_profile, cluster=cluster)
     optimizer = args.optimizer or family_defaults(get_model(args.model), 1).get("optimizer", "sgd")
-    w = planned(w, RunOptions(optimizer=optimizer, freeze=args.freeze))  # its optimizer state, its frozen part
+    recipe = RunOptions(optimizer=optimizer, freeze=args.freeze, lora=args.lora, lora_targets=args.lora_targets)
+    w = planned(w, recipe)  # its optimizer state, its frozen part, its adapters
     problem = Problem(w, cluster, args.batch_size, allreduce=args.allreduce, schedule=args.schedule)
     if args.method != "all":
         plan = fitting_plan(args.method, problem, args.compression)

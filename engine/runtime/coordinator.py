@@ -68,7 +68,7 @@ def with_model_bytes(w: Workload, options: RunOptions) -> Workload:
     made up for a test may say otherwise)."""
     spec = get_model(w.model)
     layers = recipe.model_layers(spec)
-    recipe.freeze(spec, layers, options.freeze)
+    recipe.prepare(spec, layers, options)
     sizes = tuple(sum(p.numel() * p.element_size() for p in layer.parameters()) for layer in layers)
     return recipe.trained_workload(replace(w, param_bytes=sizes), layers, options)
 

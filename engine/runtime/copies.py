@@ -10,7 +10,7 @@ import torch
 from engine.costmodel import link_s
 from engine.events import Restore
 from engine.models.weights import initial_layers
-from engine.recipe import freeze, make_optimizer
+from engine.recipe import make_optimizer, prepare
 from engine.runtime import layerstate
 from engine.runtime.control import Generation, gen_key, get_bytes, key, put_bytes
 from engine.runtime.emulation import now
@@ -36,9 +36,9 @@ class Copies:
         self.store.set(gen_key(number, "held", self.name), json.dumps([c.__dict__ for c in copies]))
 
     def _initial_layers(self) -> list[torch.nn.Module]:
-        """The model's starting layers (the seed's, or `init`'s weights), frozen as the options say."""
+        """The model's starting layers (the seed's, or `init`'s weights), adapted and frozen as the options say."""
         layers = initial_layers(self.spec, self.opts.seed, self.opts.init)
-        freeze(self.spec, layers, self.opts.freeze)
+        prepare(self.spec, layers, self.opts)
         return layers
 
     def _held_bytes(self) -> int:

@@ -25,12 +25,15 @@ def stage_module(layers: list[nn.Module], start: int, end: int) -> nn.Sequential
 
 
 def part_state_dict(module: nn.Module, start: int) -> dict[str, torch.Tensor]:
-    """The stage's parameters and buffers under the unpartitioned model's keys ("<layer index>.<name>")."""
+    """The stage's parameters and buffers under the unpartitioned model's keys ("<layer index>.<name>"), low-rank
+    adapters merged into their weights (engine.lora): the plain module's."""
+    from engine.lora import merged
+
     out = {}
     for key, value in module.state_dict().items():
         index, rest = key.split(".", 1)
         out[f"{int(index) + start}.{rest}"] = value.detach().clone()
-    return out
+    return merged(out)
 
 
 def boundary_examples(spec, layers: list[nn.Module], start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:

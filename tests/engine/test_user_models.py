@@ -137,6 +137,11 @@ def test_tied_embeddings_train_as_one_parameter(stages):
     _close(result, *one_process("tied_lm", 8, 3))
 
 
+# one_process's recipe: a language model otherwise brings its own (AdamW, warm-up, cosine, clipping)
+SGD = ("--optimizer", "sgd", "--lr", "0.05", "--weight-decay", "0", "--warmup", "0", "--lr-schedule", "constant",
+       "--clip-grad-norm", "0")  # fmt: skip
+
+
 def test_init_then_save_round_trip_into_the_users_module(tmp_path, capsys, profile_cache):
     from safetensors.torch import load_file
 
@@ -146,7 +151,8 @@ def test_init_then_save_round_trip_into_the_users_module(tmp_path, capsys, profi
     out = tmp_path / "trained.safetensors"
     code, _, err = run(capsys, "train", "--model", f"{FILE}:tiny_lm", "--seq-len", "16", "--cluster", "D",
                        "--batch-size", "8", "--iterations", "2", "--init", str(tmp_path / "start.pt"),
-                       "--save", str(out), "--run-dir", str(tmp_path / "run"), "--json")  # fmt: skip
+                       "--save", str(out), "--run-dir", str(tmp_path / "run"), "--json",
+                       *SGD)  # fmt: skip
     assert code == 0, err
     saved = load_file(out)
     module = users("tiny_lm")()
@@ -267,7 +273,7 @@ def test_a_hugging_face_model_comes_back_as_a_folder_from_pretrained_reads(gpt2_
 
     code, _, err = run(capsys, "train", "--model", f"hf:{gpt2_folder}", "--seq-len", "16", "--cluster", "D",
                        "--batch-size", "8", "--iterations", "2", "--save", str(tmp_path / "trained"),
-                       "--run-dir", str(tmp_path / "run"), "--json")  # fmt: skip
+                       "--run-dir", str(tmp_path / "run"), "--json", *SGD)  # fmt: skip
     assert code == 0, err
     back = AutoModelForCausalLM.from_pretrained(tmp_path / "trained", local_files_only=True)
     _, expected = hf_one_process(gpt2_folder, 8, 2)

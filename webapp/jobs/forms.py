@@ -117,12 +117,13 @@ class JobForm(forms.Form):
         if data.get("iterations") and not self.errors:  # the options together (a warm-up past the run's end, a
             try:  # pattern that names no weight of the model)
                 recipe = run_options.RunOptions(**{n: data[n] for n in settable()}, iterations=data["iterations"])
-                if spec is not None and recipe.freeze:
-                    from engine.recipe import freeze, model_layers
+                if spec is not None and (recipe.freeze or recipe.lora):
+                    from engine.recipe import model_layers, prepare
 
-                    freeze(spec, model_layers(spec), recipe.freeze)
+                    prepare(spec, model_layers(spec), recipe)
             except UserError as exc:
-                field = {"freeze": "freeze", "warm-up": "warmup"}.get(str(exc).split(" ")[0].rstrip(":"))
+                first = str(exc).split(" ")[0].rstrip(":")
+                field = {"freeze": "freeze", "warm-up": "warmup", "lora": "lora_targets"}.get(first)
                 self.add_error(field, str(exc))
         names = data.get("devices") or []
         twice = sorted({n for n in names if names.count(n) > 1})

@@ -22,6 +22,7 @@ from engine import recipe
 from engine.costmodel import ring_allreduce_s
 from engine.data import get_dataset
 from engine.devices import Cluster
+from engine.lora import merged
 from engine.models import get_model
 from engine.runtime.batches import batch_indices, load
 from engine.runtime.config import DeviceConfig
@@ -90,7 +91,7 @@ def train(cfg: DeviceConfig, emit) -> None:
     data = get_dataset(opts.dataset, spec, root=opts.data_dir, size=opts.dataset_size, seed=opts.seed)
     torch.manual_seed(opts.seed)  # every process builds the same model; dropout draws then follow this stream
     layers = spec.layers()
-    recipe.freeze(spec, layers, opts.freeze)
+    recipe.prepare(spec, layers, opts)
     model = nn.Sequential(*layers)
     model.train()
     store = sync.store(cfg)
@@ -116,4 +117,4 @@ def train(cfg: DeviceConfig, emit) -> None:
         clip = recipe.clip_coefficient(recipe.squares(params), opts.clip_grad_norm)  # every rank has every gradient
         recipe.step(optimizer, params, opts, k, clip)
         its.finish(k, float(loss.detach()))
-    its.done(model.state_dict() if opts.save_model and cfg.rank == 0 else None)
+    its.done(merged(model.state_dict()) if opts.save_model and cfg.rank == 0 else None)  # adapters merged

@@ -86,7 +86,7 @@ def train(cfg: DeviceConfig, emit) -> None:
         raise UserError("torch.distributed.pipelining (the rival) does not clip gradients: run it with no clipping")
     torch.manual_seed(opts.seed)
     layers = spec.layers()
-    recipe.freeze(spec, layers, opts.freeze)
+    recipe.prepare(spec, layers, opts)
     x_in, x_out = boundary_examples(spec, layers, stage_plan.start, stage_plan.end)
     module = stage_module(layers, stage_plan.start, stage_plan.end)
     del layers

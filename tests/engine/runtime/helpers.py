@@ -61,7 +61,7 @@ def reference_run(model: str, batch: int, iterations: int, lr: float, momentum: 
     spec = get_model(model)
     torch.manual_seed(seed)
     net = spec.sequential()
-    recipe.freeze(spec, list(net), opts.freeze)
+    recipe.prepare(spec, list(net), opts)
     params = [p for p in net.parameters() if p.requires_grad]
     opt = recipe.make_optimizer(params, opts)
     data = get_dataset("synthetic", spec, size=2048, seed=seed)

@@ -189,7 +189,29 @@ def test_a_killed_coordinator_resumes_from_its_central_replica(reference, tmp_pa
     plan_file = tmp_path / "plan.json"
     plan_file.write_text(json.dumps(_plan().to_dict()))
     run_dir, saved = tmp_path / "run", tmp_path / "model.pt"
-    cmd = [sys.executable, "-m", "engine", "train", "--plan", str(plan_file), "--iterations", "5", "--json"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "engine",
+        "train",
+        "--plan",
+        str(plan_file),
+        "--iterations",
+        "5",
+        "--json",
+        "--optimizer",
+        "sgd",
+        "--lr",
+        "0.05",
+        "--warmup",
+        "0",
+        "--lr-schedule",
+        "constant",
+        "--weight-decay",
+        "0",
+        "--clip-grad-norm",
+        "0",
+    ]  # OPTIONS' recipe: gpt-small would bring its own (AdamW ...)
     coordinator = subprocess.Popen(
         [*cmd, "--run-dir", str(run_dir), "--replicate-every", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )

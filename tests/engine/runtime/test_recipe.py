@@ -179,3 +179,23 @@ def test_a_run_that_diverges_says_so_and_stops_when_asked():
     (said,) = [e for e in events if e["type"] == "diverged"]
     assert said["stopped"] and "past chance" in said["why"]
     assert max(e["iteration"] for e in events if e["type"] == "iteration") < 4
+
+
+def test_lora_trains_the_adapters_as_one_process_and_saves_the_plain_module_with_them_merged():
+    from engine.lora import merged
+
+    opts = replace(RECIPE, optimizer="sgd", lr=0.05, lora=4, lora_targets="qkv|proj", freeze=".", clip_grad_norm=0)
+    ref_losses, ref_state = reference_run(MODEL, BATCH, ITERATIONS, opts.lr, options=opts)
+    result = train(_plan(), model_workload(MODEL), opts)
+    assert result.loss == pytest.approx(ref_losses, rel=1e-5, abs=1e-6)
+    torch.manual_seed(0)
+    plain = get_model(MODEL).sequential()
+    start = {k: v.clone() for k, v in plain.state_dict().items()}
+    assert result.state_dict.keys() == start.keys()  # no adapter keys: the plain module's
+    assert _worst(result.state_dict, merged(ref_state)) < 1e-5  # W + B A of the one-process run
+    assert all(torch.equal(ref_state[k], start[k]) for k in start)  # the base weights themselves never moved
+    changed = [k for k in start if not torch.equal(result.state_dict[k], start[k])]
+    assert changed and all(".f.qkv.weight" in k or ".f.proj.weight" in k for k in changed)
+    plain.load_state_dict(result.state_dict, strict=True)
+    with pytest.raises(UserError, match="lora: gpt-small has nothing to adapt: no Linear layer's name matches"):
+        reference_run(MODEL, BATCH, 1, 0.05, options=replace(opts, lora_targets="^conv"))
