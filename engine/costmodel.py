@@ -71,6 +71,9 @@ class Workload:
     # The bytes of each layer's trained weights: its gradients and its all-reduce (engine.recipe.trained_workload;
     # frozen weights have neither). Empty: every weight is trained.
     trainable_bytes: tuple[int, ...] = ()
+    # Bytes of one value crossing an uncompressed cut: 4 (float32), or 2 when the run trains in 16 bits
+    # (engine.recipe.trained_workload halves output_bytes then); a compressed cut's codes are the same either way.
+    value_bytes: int = 4
 
     def __post_init__(self) -> None:
         n = len(self.forward_flops)
@@ -185,6 +188,14 @@ class Workload:
         """Weights + gradients + optimizer state of layers [i, j)."""
         return self._static[j] - self._static[i]
 
+    def wire(self, nbytes: float, bits: int) -> float:
+        """Bytes on the wire of a cut that holds `nbytes` uncompressed, at compression level `bits`."""
+        return nbytes if bits >= OFF else nbytes * bits / (8 * self.value_bytes)
+
+    def values(self, nbytes: float) -> float:
+        """How many values a cut of `nbytes` (uncompressed) holds: what a codec encodes."""
+        return nbytes / self.value_bytes
+
     def params(self, i: int, j: int) -> int:
         """Bytes of the trained weights of layers [i, j) (what their all-reduce sends)."""
         return self._params[j] - self._params[i]
@@ -246,15 +257,15 @@ def stage_fixed_s(cluster: Cluster, layers: int, boundaries: int) -> float:
 
 def boundary_s(w: Workload, cluster: Cluster, dev: Device, i: int, j: int, levels: tuple[int, int]) -> float:
     """Per-sample seconds a device of the stage over [i, j) spends on its boundaries: its activations and
-    gradients on the links, at `levels` (bits in, bits out) of their float32 size, and encoding and decoding
+    gradients on the links, at `levels` (bits in, bits out) of their uncompressed size, and encoding and decoding
     them (both directions) when compressed."""
     a_in, a_out = w.boundary_bytes(i, j)
     b_in, b_out = levels
     rate = cluster.link_mbps_of(dev) * 1e6 / 8  # over its own link
     if b_in >= OFF and b_out >= OFF:
         return (a_in + a_out) / rate
-    wire = (a_in * gradient_bits(b_in) + a_out * b_out) / OFF  # it sends activations on and gradients back
-    return wire / rate + w.codec_s(dev, a_in / 4, b_in) + w.codec_s(dev, a_out / 4, b_out)
+    wire = w.wire(a_in, gradient_bits(b_in)) + w.wire(a_out, b_out)  # it sends activations on and gradients back
+    return wire / rate + w.codec_s(dev, w.values(a_in), b_in) + w.codec_s(dev, w.values(a_out), b_out)
 
 
 def stage_terms(

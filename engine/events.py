@@ -127,6 +127,8 @@ class Iteration(Event):
     time: float = 0.0  # device seconds since the run started
     measured_throughput: float | None = None  # the run's measured throughput so far (`engine.metrics`)
     generation: int = 0
+    skipped: bool = False  # fp16: a gradient overflowed on some stage, so no stage stepped (engine.runtime.precision)
+    loss_scale: float | None = None  # fp16: the loss scale every stage agreed on after this iteration
 
 
 @dataclass(frozen=True)

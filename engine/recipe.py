@@ -1,11 +1,15 @@
 """The training recipe: the optimizer (SGD, Adam, AdamW; no weight decay on biases and norms), the learning rate of
-each iteration (warm-up, then constant, linear or cosine), clipping by the global gradient norm, and which weights
-are frozen; the same functions serve every device of a pipeline and the one-process reference.
+each iteration (warm-up, then constant, linear or cosine), clipping by the global gradient norm, which weights are
+frozen or adapted, the defaults a model's family brings, what the planner plans for, and when a run diverged; the
+same functions serve every device of a pipeline and the one-process reference.
 
     optimizer = make_optimizer(params, options)            # None when nothing is trained
     set_lr(optimizer, options, k)                          # before iteration k's step (k from 0)
     coefficient = clip_coefficient(total_squares, options.clip_grad_norm)
     prepare(spec, layers, options)                         # adapters (engine.lora), frozen weights
+    w = planned(w, options)                                # optimizer state, frozen weights, 16-bit cuts
+    family_defaults(spec, iterations)                      # {"optimizer": "adamw", ...} for a transformer
+    divergence(event, chance_loss(spec))                   # why the run diverged, or None
 
 The learning rate of iteration k is `lr * lr_factor(k, ...)`: a pure function of k, so replays and resumed runs
 step with exactly the rate of an uninterrupted run. Each optimizer's state (momentum; Adam's moments and step
@@ -37,6 +41,11 @@ LR_SCHEDULE_CHOICES = (
     ("constant", "constant (after the warm-up)"),
     ("linear", "linear decay to 0"),
     ("cosine", "cosine decay to 0"),
+)
+PRECISION_CHOICES = (
+    ("fp32", "fp32"),
+    ("bf16", "bf16 (autocast; its cuts carry bfloat16)"),
+    ("fp16", "fp16 (autocast, a dynamic loss scale; its cuts carry float16)"),
 )
 # What a model brings when its owner sets none of these: transformers the Hugging Face Trainer's recipe (AdamW,
 # warm-up over a tenth of the run, then cosine; clipping at norm 1), every other model RunOptions' own (SGD with
@@ -137,13 +146,17 @@ def set_lr(optimizer: torch.optim.Optimizer | None, options, k: int) -> float:
     return lr
 
 
-def step(optimizer: torch.optim.Optimizer | None, params: list[torch.Tensor], options, k: int, clip: float) -> None:
-    """Iteration k's optimizer step at its learning rate, the gradients first multiplied by `clip`
-    (clip_coefficient of the global norm), then cleared."""
+def step(optimizer: torch.optim.Optimizer | None, params: list[torch.Tensor], options, k: int,
+         clip: float | None) -> None:  # fmt: skip
+    """Iteration k's optimizer step at its learning rate, the gradients first multiplied by `clip` (the global
+    norm's clipping coefficient, times fp16's unscaling), then cleared. `clip` None: no step (an overflow)."""
     if optimizer is None:
         return
+    if clip is None:
+        optimizer.zero_grad(set_to_none=True)
+        return
     set_lr(optimizer, options, k)
-    if clip < 1.0:
+    if clip != 1.0:
         for p in params:
             if p.grad is not None:
                 p.grad.mul_(clip)
@@ -179,6 +192,8 @@ def describe(options) -> str:
         parts.append(f"weight decay {options.weight_decay:g}")
     if options.clip_grad_norm:
         parts.append(f"clipped at norm {options.clip_grad_norm:g}")
+    if options.precision != "fp32":
+        parts.append(options.precision)
     if options.lora:
         targets = f"the Linear layers {options.lora_targets!r} names" if options.lora_targets else "every Linear layer"
         parts.append(f"LoRA of rank {options.lora} on {targets}")
@@ -293,6 +308,8 @@ def trained_workload(w: Workload, layers: list[nn.Module], options) -> Workload:
         b * (1.0 - s) if all_ > 0 and t == 0 else b for b, s, t, all_ in zip(w.backward_flops, share, trained, total)
     )
     scale = [t / a if a else 1.0 for t, a in zip(trained, total)]  # the profile's bytes, the trained part of them
+    if options.precision != "fp32" and w.value_bytes == 4:  # its cuts carry 16-bit floats: half the bytes
+        w = replace(w, output_bytes=tuple(b // 2 for b in w.output_bytes), value_bytes=2)
     return replace(
         w,
         backward_flops=backward,

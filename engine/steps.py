@@ -108,7 +108,7 @@ def _stage_steps(plan: Plan, w: Workload, s: int, ranges: list[list[tuple[str, i
     for name, lo, hi in ranges[s]:
         dev, n = cluster.device(name), hi - lo
         # Half of a compressed boundary's codec time falls in the forward (activations), half in the backward.
-        codec = (w.codec_s(dev, a_in / 4, b_in) + w.codec_s(dev, a_out / 4, b_out)) / 2
+        codec = (w.codec_s(dev, w.values(a_in), b_in) + w.codec_s(dev, w.values(a_out), b_out)) / 2
         backward = layers * LAYER_OVERHEAD_S + n * (w.backward_s(dev, st.start, st.end) + codec)
         stage[name] = dict(
             name=name,
@@ -118,10 +118,10 @@ def _stage_steps(plan: Plan, w: Workload, s: int, ranges: list[list[tuple[str, i
             forward_s=layers * LAYER_OVERHEAD_S + n * (w.forward_s(dev, st.start, st.end) + codec),
             backward_s=backward,
             weight_s=backward if s == 0 else backward * w.weight_fraction(dev, st.start, st.end),
-            send_forward=moves(name, lo, hi, s + 1, a_out * b_out / OFF),
-            send_backward=moves(name, lo, hi, s - 1, a_in * gradient_bits(b_in) / OFF),
-            recv_forward=moves(name, lo, hi, s - 1, a_in * b_in / OFF),
-            recv_backward=moves(name, lo, hi, s + 1, a_out * gradient_bits(b_out) / OFF),
+            send_forward=moves(name, lo, hi, s + 1, w.wire(a_out, b_out)),
+            send_backward=moves(name, lo, hi, s - 1, w.wire(a_in, gradient_bits(b_in))),
+            recv_forward=moves(name, lo, hi, s - 1, w.wire(a_in, b_in)),
+            recv_backward=moves(name, lo, hi, s + 1, w.wire(a_out, gradient_bits(b_out))),
             allreduce_s=reduce,
         )
     # the last gradient step: the last micro-batch's W under a zero-bubble schedule, else its backward

@@ -155,9 +155,10 @@ def simulation_table(plan: Plan, sim: Simulation) -> str:
 def iteration_line(ev: dict, total: int) -> str:
     """One line per trained iteration."""
     loss = "diverged" if ev["loss"] is None else f"{ev['loss']:.4f}"
+    skipped = f"  step skipped (fp16 overflow; loss scale now {ev['loss_scale']:g})" if ev.get("skipped") else ""
     return (
         f"iteration {ev['iteration'] + 1}/{total}  loss {loss}  "
-        f"{ev['throughput']:.1f} samples/s  ({ev['iteration_s'] * 1000:.1f} ms, device time)"
+        f"{ev['throughput']:.1f} samples/s  ({ev['iteration_s'] * 1000:.1f} ms, device time){skipped}"
     )
 
 

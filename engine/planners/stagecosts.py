@@ -32,12 +32,12 @@ def per_sample(t, k, i, j):
     if t.off:
         edge = (a_in + a_out) / t.rate[k]
     else:
-        edge = (a_in * t.gbits + a_out * t.bits) / 32 / t.rate[k]
+        edge = (a_in * t.gbits + a_out * t.bits) / (8 * t.vbytes) / t.rate[k]  # (Workload.wire)
         if t.codec_div[k] > 0:  # encoding and decoding both directions (Workload.codec_s)
             if a_in > 0:
-                edge += t.codec * (a_in / 4) / t.codec_div[k]
+                edge += t.codec * (a_in / t.vbytes) / t.codec_div[k]
             if a_out > 0:
-                edge += t.codec * (a_out / 4) / t.codec_div[k]
+                edge += t.codec * (a_out / t.vbytes) / t.codec_div[k]
     value = compute + edge
     return value if value > 1e-15 else 1e-15
 
@@ -244,7 +244,7 @@ def capped_time(ps, static, saved, peak, memory, m, fixed, i, j, g, in_flight):
 
 Tables = namedtuple(
     "Tables",
-    "L M m K prefix divisor out rate off gbits bits codec codec_div overhead latency params factor link_mbps "
+    "L M m K prefix divisor out rate off gbits bits codec codec_div vbytes overhead latency params factor link_mbps "
     "link_bps static saved peak memory Wp speed total_speed ps ring",
 )
 
@@ -286,6 +286,7 @@ def tables(search) -> Tables:
         bits=level,
         codec=float(w._codec.get(level, DEFAULT_CODEC_WORK)),
         codec_div=codec_div,
+        vbytes=float(w.value_bytes),
         overhead=float(LAYER_OVERHEAD_S),
         latency=float(cluster.latency_s),
         params=np.asarray(w._params, dtype=np.int64),

@@ -33,6 +33,7 @@ class SplitBackward:
     def input_gradient(self, mb: int, out: torch.Tensor, grad: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
         """B of micro-batch `mb`: the gradient of the stage's input `x` (None where `x` takes none) given the
         output's (`grad`; None where `out` is the loss)."""
+        grad = grad.to(out.dtype) if grad is not None else None  # a 16-bit output takes a 16-bit gradient
         if not x.requires_grad:
             self.pending[mb] = ("whole", out, grad)
             return None

@@ -50,13 +50,20 @@ class Copies:
     def _states(self, kind: str, start: int, end: int) -> layerstate.LayerStates:
         """Layers [start, end) from this device's copy of `kind`."""
         if kind == "live":
-            return layerstate.capture(self.layers, start, end, self.optimizer)
+            return self._scaled(layerstate.capture(self.layers, start, end, self.optimizer))
         if kind == SEED:
             if any(start <= k < end for k in self.trained):
                 return layerstate.capture(self._initial_layers(), start, end, None)
             return layerstate.capture(self.layers, start, end, None)
         held = self.snapshot if kind == "snapshot" else self.replica
         return layerstate.select(held[1], start, end)
+
+    def _scaled(self, states: layerstate.LayerStates) -> layerstate.LayerStates:
+        """The layers' copies with fp16's loss scale as it is now (engine.runtime.precision): a replay from them
+        scales as the lost run did."""
+        for state in states.values():
+            state["x.loss_scale"] = self.precision.state()
+        return states
 
     def _restore(self, gen: Generation) -> None:
         """Send the pieces others get from this device, receive this device's own, then put them in place."""
@@ -110,6 +117,9 @@ class Copies:
             return
         self.live_valid = False
         held = layerstate.apply(self.layers, got)
+        scales = [s["x.loss_scale"] for s in got.values() if "x.loss_scale" in s]
+        if scales:  # the trained layers' scale (every copy of one iteration holds the same)
+            self.precision.restore(scales[0])
         stage = next(st for st in gen.plan.stages if self.name in [s.name for s in st.devices])
         self.own = (stage.start, stage.end)
         own = [p for layer in self.layers[stage.start : stage.end] for p in layer.parameters() if p.requires_grad]
@@ -127,7 +137,7 @@ class Copies:
         """Replication point (t iterations done): snapshot the own layers; each stage's first device copies
         them to the next stage's first device and to the coordinator; the device time is charged."""
         start = now()
-        self.snapshot = (t, layerstate.capture(self.layers, *self.own, self.optimizer))
+        self.snapshot = (t, self._scaled(layerstate.capture(self.layers, *self.own, self.optimizer)))
         sender = self.st.lo == 0
         target = neighbour(self.plan, self.stage) if sender else None
         source = None

@@ -104,7 +104,8 @@ class Evaluation:
                     mine = indices[mb * m + st.lo : mb * m + st.hi]
                     x = load(data, mine)[0] if self.first else self.receive(pending, "F", mb)
                     start = now()
-                    out = self.module(x)
+                    with self.precision.autocast():
+                        out = self.module(x)
                     if self.last and score is not None:
                         score(out, load(data, mine)[1])
                     self.clock.pad(start, self._compute_s(st.forward_s, k))

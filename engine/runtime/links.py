@@ -31,6 +31,7 @@ class Links:
             ):
                 got = []
                 bits = self.bits_in if kind == "F" else gradient_bits(self.bits_out)
+                wire = self.precision.wire_in if kind == "F" else self.precision.wire_out
                 delta = self.delta_in if kind == "F" and base == 0 else None
                 for t in moves:
                     peer = self.ranks[t.peer]
@@ -40,8 +41,8 @@ class Links:
                         payload = torch.empty(delta.wire_bytes(t.peer, samples, shape, bits), dtype=torch.uint8)
                     elif bits < OFF:  # the encoded bytes of the slice (engine.compression)
                         payload = torch.empty(wire_bytes((t.hi - t.lo, *shape), bits), dtype=torch.uint8)
-                    else:
-                        payload = torch.empty((t.hi - t.lo, *shape))
+                    else:  # float32, or the run's 16 bits (engine.runtime.precision)
+                        payload = torch.empty((t.hi - t.lo, *shape), dtype=wire or torch.float32)
                     what = f"receiving from {t.peer}"
                     works = [
                         self._post(self.train.recv, what, [header], peer, base + self._tag(mb, kind, 0)),
@@ -67,7 +68,7 @@ class Links:
             self._event("recv", mb, start, end)
         bits, shape = (self.bits_in, self.shape_in) if kind == "F" else (gradient_bits(self.bits_out), self.shape_out)
         parts = [
-            p if bits >= OFF
+            p.float() if bits >= OFF
             else delta.decode(t.peer, self._delta_samples(mb, t.lo, t.hi), p, shape, bits) if delta is not None
             else decode(p, (t.hi - t.lo, *shape), bits)
             for t, _, p, _, delta in got
@@ -81,9 +82,12 @@ class Links:
         bits = self.bits_out if kind == "F" else gradient_bits(self.bits_in)
         delta = self.delta_out if kind == "F" and base == 0 else None
         for t in moves:
-            payload = tensor[t.lo - self.st.lo : t.hi - self.st.lo].detach().contiguous()
-            self.sent_payload_bytes += payload.numel() * payload.element_size()
-            if delta is not None:
+            payload = tensor[t.lo - self.st.lo : t.hi - self.st.lo].detach().float().contiguous()
+            self.sent_payload_bytes += payload.numel() * payload.element_size()  # its float32 size
+            if bits >= OFF:  # float32, or the run's 16 bits (engine.runtime.precision)
+                wire = self.precision.wire_out if kind == "F" else self.precision.wire_in
+                payload = self.precision.to_wire(payload, wire)
+            elif delta is not None:
                 payload = delta.encode(t.peer, self._delta_samples(mb, t.lo, t.hi), payload, bits)
             elif bits < OFF:  # gradients are rounded stochastically: unbiased, so SGD still follows the true mean
                 # drawn from (seed, stage, iteration, micro-batch, slice) alone: a run repeats exactly, a replay too

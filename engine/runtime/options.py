@@ -18,7 +18,7 @@ from typing import Any
 
 from engine.errors import UserError
 from engine.fields import schema, wrong
-from engine.recipe import LR_SCHEDULE_CHOICES, OPTIMIZER_CHOICES, check_freeze
+from engine.recipe import LR_SCHEDULE_CHOICES, OPTIMIZER_CHOICES, PRECISION_CHOICES, check_freeze
 from engine.schedule import SCHEDULES
 
 
@@ -67,6 +67,10 @@ class RunOptions:
     freeze: str = option(
         "", "Freeze", "train no parameter whose name this regular expression finds (re.search), e.g. "
         "'^(embed|blocks\\.[0-5]\\.)'; empty: train every one",
+    )  # fmt: skip
+    precision: str = option(
+        "fp32", "Precision", "the numbers each stage computes and its cuts carry: 16-bit autocast with float32 master "
+        "weights; fp16 with a loss scale every stage agrees on (bf16 needs none)", choices=PRECISION_CHOICES,
     )  # fmt: skip
     lora: int = option(
         0, "LoRA rank", "train low-rank adapters of this rank on Linear layers instead of their weights, merged into "

@@ -1,7 +1,8 @@
 """One device's part of a hybrid-pipeline run: its stage's layers, the plan's schedule over its sample slices,
 stage all-reduce, and, under a coordinator, generations: restore, replicate, roll back and replay after a
 membership change. The device's concerns live in mixins: waits.py, links.py, backward.py, copies.py,
-evaluate.py, allreduce.py; this module holds its life: generations, iterations and the commit.
+evaluate.py, allreduce.py, agreement.py (its numeric precision is an object: precision.py); this module holds
+its life: generations, iterations and the commit.
 
 Every device process runs `run_device`. A run is a sequence of generations (`control.Generation`); each has
 its own plan, its own process groups on the store prefix `asteroid/gen<N>/` and starts from a restored state.
@@ -35,12 +36,12 @@ import torch.distributed as dist
 from engine import recipe
 from engine.data import get_dataset
 from engine.errors import UserError
-from engine.events import DeviceDone, DeviceStart, Iteration, StepEvent
-from engine.metrics import measured_throughput
+from engine.events import DeviceDone, DeviceStart, StepEvent
 from engine.models import get_model
 from engine.models.randomness import sample_draws
 from engine.plan import OFF
 from engine.runtime import layerstate
+from engine.runtime.agreement import Agreement
 from engine.runtime.allreduce import StageAllReduce
 from engine.runtime.backward import SplitBackward, SplitSteps
 from engine.runtime.batches import batch_indices, load
@@ -52,6 +53,7 @@ from engine.runtime.emulation import Clock, MemoryMeter, group_timeout, now, use
 from engine.runtime.evaluate import Evaluation
 from engine.runtime.faults import Fail
 from engine.runtime.links import Links
+from engine.runtime.precision import Precision
 from engine.runtime.processes import error_event
 from engine.runtime.recovery import CENTRAL
 from engine.runtime.stage import PeerLost, boundary_examples, calibrated_clock, gloo_group, part_state_dict
@@ -61,7 +63,7 @@ from engine.steps import stage_actions
 Emit = Callable[[dict], None]
 
 
-class _Device(Waits, Links, DeltaLinks, SplitSteps, Copies, Evaluation, StageAllReduce):
+class _Device(Waits, Links, DeltaLinks, SplitSteps, Copies, Evaluation, StageAllReduce, Agreement):
     """State of one device across the generations of a run; its concerns are in the mixins' modules."""
 
     def __init__(self, cfg: DeviceConfig, emit: Emit):
@@ -90,7 +92,9 @@ class _Device(Waits, Links, DeltaLinks, SplitSteps, Copies, Evaluation, StageAll
         self.snapshot: tuple[int, layerstate.LayerStates] | None = None  # own layers at the last replication point
         self.replica: tuple[int, layerstate.LayerStates] | None = None  # the previous stage's, same point
         self.optimizer: torch.optim.Optimizer | None = None
-        self.clip = 1.0  # what the agreed global gradient norm multiplies the gradients by (engine.recipe)
+        self.clip = 1.0  # what the gradients are multiplied by before the step (the global norm's clipping,
+        # fp16's unscaling), or None: the agreement found an overflow and every device skips the step
+        self.precision = Precision(opts)  # autocast, the cuts' dtype, fp16's loss scale (run state)
         self.params: list[torch.nn.Parameter] = []
         self.fired: set[Fail] = set()
         self.hb: Heartbeat | None = None
@@ -239,6 +243,8 @@ class _Device(Waits, Links, DeltaLinks, SplitSteps, Copies, Evaluation, StageAll
         self.bits_out = plan.level(self.stage) if end < len(self.layers) and self.spec.compressible(end) else OFF
         self.bits_in = self.bits_in if x_in.is_floating_point() else OFF
         self.bits_out = self.bits_out if x_out.is_floating_point() else OFF
+        rounds = lambda b, x: self.spec.compressible(b) and x.is_floating_point()  # noqa: E731 (16-bit may carry it)
+        self.precision.cuts(self.stage > 0 and rounds(start, x_in), end < len(self.layers) and rounds(end, x_out))
         self.module = torch.nn.Sequential(*self.layers[self.stage_plan.start : self.stage_plan.end])
         self.module.train()
         device = plan.cluster.device(self.name)
@@ -319,12 +325,14 @@ class _Device(Waits, Links, DeltaLinks, SplitSteps, Copies, Evaluation, StageAll
                     with (
                         self.memory.forward(mb),
                         sample_draws(self.opts.seed, k, range(mb * m + st.lo, mb * m + st.hi)),
+                        self.precision.autocast(),
                     ):
                         out = self.module(x)
                         if self.last:
                             # sum over this device's samples / global batch: the mean-loss gradient of the whole batch
                             out = self.spec.loss(out, y) * (st.samples / plan.batch_size)
                             loss_sum += float(out.detach())
+                            out = self.precision.scaled(out)  # fp16: times the agreed loss scale
                     inputs[mb], outputs[mb] = x, out
                     self._fault(k, "forward")
                     end = clock.pad(start, self._compute_s(st.forward_s, k))
@@ -338,7 +346,7 @@ class _Device(Waits, Links, DeltaLinks, SplitSteps, Copies, Evaluation, StageAll
                     out = outputs.pop(mb)
                     with self._finals(act):  # the last backward: its gradients go to the stage's ring as final
                         if out.requires_grad:  # (not where every weight up to here is frozen)
-                            out.backward() if self.last else out.backward(grad)
+                            out.backward() if self.last else out.backward(grad.to(out.dtype))
                     x = inputs.pop(mb)
                     self.memory.release(mb)
                     self._fault(k, "backward")
@@ -371,36 +379,6 @@ class _Device(Waits, Links, DeltaLinks, SplitSteps, Copies, Evaluation, StageAll
         if K and (k + 1) % K == 0 and k + 1 < self.gen.iterations:
             self._replicate(k + 1)
         return stop
-
-    def _agree(self, k: int, loss_sum: float) -> bool:
-        """The end-of-iteration agreement (the commit point): loss, late steps, the stop request, the end time.
-        Rank 0 reports the iteration. Returns whether every device stops after this iteration."""
-        asked = self.hb is not None and self.hb.stop_at is not None and k >= self.hb.stop_at
-        squares = recipe.squares(self._norm_params()) if self.opts.clip_grad_norm > 0 else 0.0
-        totals = torch.tensor([loss_sum, self.clock.late, self.clock.steps, float(asked), squares], dtype=torch.float64)
-        self._wait(self._allreduce(totals, self.train), "the end-of-iteration sync")
-        end = torch.tensor([now()], dtype=torch.float64)
-        self._wait(self._allreduce(end, self.train, dist.ReduceOp.MAX), "the end-of-iteration sync")
-        end_t = float(end)
-        self.clip = recipe.clip_coefficient(float(totals[4]), self.opts.clip_grad_norm)
-        seconds = self.clock.device(end_t - self.last_end)
-        self.last_end = end_t
-        self.times.append(seconds)
-        if self.rank == 0:
-            self.emit(
-                Iteration(
-                    iteration=k,
-                    loss=float(totals[0]),
-                    iteration_s=seconds,
-                    throughput=self.plan.batch_size / seconds,
-                    late_steps=int(totals[1]),
-                    steps=int(totals[2]),
-                    time=self.clock.device(end_t - self.t0),
-                    measured_throughput=measured_throughput(self.plan.batch_size, self.times),
-                    generation=self.gen.number,
-                ).to_message()
-            )
-        return bool(totals[3] > 0)
 
     def _finish(self) -> None:
         if self.cfg.coordinated:  # said first: handing the part over (an upload on a slow link) is not a silence

@@ -348,3 +348,47 @@ def test_the_asteroid_planner_s_plan_of_a_users_module_trains_as_one_process(fun
     options = RunOptions(iterations=2, emulate=False, save_model=True, timeout_s=60)
     result = train(plan, model_workload(model), options, replicate_every=1)
     _close(result, *one_process(function, 16, 2))
+
+
+@pytest.mark.parametrize("fail", [None, "nano-1@3:forward"])
+def test_an_fp16_overflow_skips_the_step_on_every_stage_as_a_grad_scaler_does(tmp_path, fail):
+    """Weights three times too large overflow fp16's scaled gradients in the first iteration: every stage skips
+    that step and halves the scale, as torch.amp.GradScaler does in one process, then steps as it does. A device
+    lost later leaves the others on the scale they agreed."""
+    spec = get_model(ref_of("unet"))
+    torch.manual_seed(0)
+    start = {k: v * 3 for k, v in users("unet")().state_dict().items()}
+    torch.save(start, tmp_path / "large.pt")
+    stages = [(0, 2, [("nano-0", 8)]), (2, 4, [("nano-1", 8)]), (4, 6, [("nano-2", 8)])]
+    # one micro-batch: an overflow is of the fp16 gradients of the samples a backward takes at once
+    plan = make_plan(ref_of("unet"), cluster_of("nano", "nano", "nano"), 8, 1, stages)
+    options = RunOptions(iterations=4, optimizer="sgd", lr=1e-4, precision="fp16", emulate=False, save_model=True,
+                         timeout_s=60, init=str(tmp_path / "large.pt"))  # fmt: skip
+    events = []
+    faults = Faults(fail=(parse_fail(fail),)) if fail else Faults()
+    result = train(plan, model_workload(plan.model), options, events.append, faults=faults, replicate_every=1)
+    assert len(result.generations) == (2 if fail else 1)
+    its = sorted(result.iterations, key=lambda e: e["iteration"])
+
+    net = users("unet")()
+    net.load_state_dict(start, strict=True)
+    opt, scaler = torch.optim.SGD(net.parameters(), lr=1e-4, momentum=0.9), torch.amp.GradScaler("cpu")
+    data = get_dataset("synthetic", spec, size=2048, seed=0)
+    skipped = []
+    for k in range(4):
+        x, y = load(data, batch_indices(len(data), 8, 0, k))
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = spec.loss(net(x), y)
+        scaler.scale(loss).backward()
+        before = scaler.get_scale()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        skipped.append(scaler.get_scale() < before)
+    assert skipped == [True, False, False, False]
+    assert [e["skipped"] for e in its] == skipped and its[-1]["loss_scale"] == scaler.get_scale() == 2.0**15
+    from engine.models.weights import user_keys
+
+    mine, ref = user_keys(spec, result.state_dict), net.state_dict()
+    moved = max((ref[k] - start[k]).abs().max().item() for k in ref)
+    assert max((mine[k] - ref[k]).abs().max().item() for k in ref) < 0.05 * moved  # fp16's rounding, not a lost step

@@ -28,6 +28,21 @@ def test_form_plans_and_shows_the_plan(client, bob, cluster_c, profile_cache, dj
     assert "/static/vendor/plotly/plotly.min.js" in page and "cdn" not in page.lower()
 
 
+def test_a_frozen_job_is_planned_for_its_recipe_and_its_pages_say_so(
+    client, bob, cluster_c, profile_cache, django_capture_on_commit_callbacks
+):
+    client.force_login(bob)
+    body = {"model": "mobilenetv2", "dataset": "synthetic", "batch_size": 64, "iterations": 5, "bandwidth_mbps": 1000}
+    with django_capture_on_commit_callbacks(execute=True):
+        client.post("/jobs/new/", body)
+        client.post("/jobs/new/", {**body, "optimizer": "adamw", "lr": 0.001, "freeze": r"^([0-9]|1[0-5])\."})
+    full, frozen = Job.objects.order_by("pk")
+    assert frozen.options["freeze"] and frozen.status == full.status == "planned", frozen.message
+    page = client.get(f"/jobs/{frozen.pk}/").content.decode()
+    assert "Recipe: adamw, lr 0.001, frozen: the weights" in page and "The plan is made for it" in page
+    assert "Recipe: sgd (momentum 0.9), lr 0.05." in client.get(f"/jobs/{full.pk}/").content.decode()
+
+
 def test_form_errors_are_on_the_form(client, bob, cluster_c):
     client.force_login(bob)
     page = client.post("/jobs/new/", {"model": "bert-small", "dataset": "cifar10", "batch_size": 8, "lr": 0.05,

@@ -118,6 +118,17 @@ class Job(models.Model):
         return RunOptions(**self.option_values, iterations=self.iterations or 1)
 
     @property
+    def recipe_text(self) -> str:
+        """The recipe in words (engine.recipe.describe): "adamw, lr 0.0003 (warm-up 4, then cosine), ..."."""
+        from engine.errors import UserError
+        from engine.recipe import describe
+
+        try:
+            return describe(self.recipe)
+        except UserError as exc:  # options an older site stored that no longer validate
+            return f"(its options no longer validate: {exc})"
+
+    @property
     def device_names(self) -> list[str]:
         plan = self.plan_object
         return plan.device_names if plan else []

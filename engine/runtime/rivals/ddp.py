@@ -22,6 +22,7 @@ from engine import recipe
 from engine.costmodel import ring_allreduce_s
 from engine.data import get_dataset
 from engine.devices import Cluster
+from engine.errors import UserError
 from engine.lora import merged
 from engine.models import get_model
 from engine.runtime.batches import batch_indices, load
@@ -90,6 +91,8 @@ def train(cfg: DeviceConfig, emit) -> None:
     spec = get_model(plan.model)
     data = get_dataset(opts.dataset, spec, root=opts.data_dir, size=opts.dataset_size, seed=opts.seed)
     torch.manual_seed(opts.seed)  # every process builds the same model; dropout draws then follow this stream
+    if opts.precision != "fp32":
+        raise UserError("the DDP rival trains in fp32 here: run it with precision fp32")
     layers = spec.layers()
     recipe.prepare(spec, layers, opts)
     model = nn.Sequential(*layers)

@@ -84,6 +84,8 @@ def train(cfg: DeviceConfig, emit) -> None:
     )
     if opts.clip_grad_norm > 0:  # it would need the norm over every stage, which torch's schedule does not agree
         raise UserError("torch.distributed.pipelining (the rival) does not clip gradients: run it with no clipping")
+    if opts.precision != "fp32":
+        raise UserError("torch.distributed.pipelining (the rival) trains in fp32 here: run it with precision fp32")
     torch.manual_seed(opts.seed)
     layers = spec.layers()
     recipe.prepare(spec, layers, opts)

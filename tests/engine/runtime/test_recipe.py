@@ -199,3 +199,17 @@ def test_lora_trains_the_adapters_as_one_process_and_saves_the_plain_module_with
     plain.load_state_dict(result.state_dict, strict=True)
     with pytest.raises(UserError, match="lora: gpt-small has nothing to adapt: no Linear layer's name matches"):
         reference_run(MODEL, BATCH, 1, 0.05, options=replace(opts, lora_targets="^conv"))
+
+
+def test_bf16_trains_and_its_cuts_carry_half_the_bytes():
+    opts = replace(RECIPE, optimizer="sgd", lr=0.05, clip_grad_norm=0.0, iterations=3, save_model=False)
+    full = train(_plan(), model_workload(MODEL), opts)
+    half = train(_plan(), model_workload(MODEL), replace(opts, precision="bf16"))
+    assert half.payload_bytes == full.payload_bytes and half.wire_bytes * 2 == full.wire_bytes
+    assert half.loss[-1] < half.loss[0] and half.loss == pytest.approx(full.loss, rel=1e-2)
+    # the planner sees it: a 16-bit run's cuts cost half the bytes on the links
+    w = model_workload(MODEL)
+    planned = recipe.planned(w, replace(opts, precision="bf16"))
+    assert planned.output_bytes[3] == w.output_bytes[3] // 2 and planned.wire(1000, 32) == 1000
+    # ... and a compressed cut's codes are as many bytes as in a float32 run
+    assert planned.wire(planned.output_bytes[3], 8) == pytest.approx(w.wire(w.output_bytes[3], 8), rel=1e-5)
