@@ -240,6 +240,9 @@ X_FRAME_OPTIONS = "DENY"
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
+    "filters": {"refusals": {"()": "webapp.lib.logfilters.RefusalsInOneLine"}},
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": env_str("ASTEROID_LOG_LEVEL", "INFO").upper()},
+    # Django's own console handler (under DEBUG) printed each line a second time beside the root's
+    "loggers": {"django": {"handlers": [], "propagate": True}, "django.request": {"filters": ["refusals"]}},
 }

@@ -71,3 +71,16 @@ def test_the_invite_command_prints_a_link(alice):
     link = out.getvalue().strip().splitlines()[-1]
     assert "/accounts/join/ast_invite_" in link
     assert Invitation.objects.get().staff and Invitation.objects.get().created_by == alice
+
+
+def test_a_refused_request_is_one_line_in_the_log_once(client, bob, caplog):
+    """Another user's job is a 404, a staff page a 403: each one line (no traceback), printed once."""
+    import logging
+
+    client.force_login(bob)
+    caplog.set_level(logging.WARNING, logger="django.request")
+    assert client.get("/jobs/999999/").status_code == 404
+    assert client.post("/api/devices/", {}, content_type="application/json").status_code in (403, 400)
+    refused = [r for r in caplog.records if r.name == "django.request"]
+    assert refused and all(r.exc_info is None and r.exc_text is None for r in refused)
+    assert not logging.getLogger("django").handlers and logging.getLogger("django").propagate
