@@ -199,6 +199,8 @@ def describe(options) -> str:
         parts.append(f"LoRA of rank {options.lora} on {targets}")
     if options.freeze:
         parts.append(f"frozen: the weights {options.freeze!r} names")
+    if options.stop_on_divergence:
+        parts.append("stops if it diverges")
     return ", ".join(parts)
 
 

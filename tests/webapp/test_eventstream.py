@@ -41,3 +41,22 @@ def test_events_stored_while_redis_is_down_reach_the_coordinator_once_it_is_back
             break
     assert got == [step(1), step(2), step(3)]
     assert sum("can be reached again" in r.getMessage() for r in caplog.records) == 2
+
+
+def test_a_held_out_score_reaches_the_coordinator_which_judges_divergence_by_it(bob, own_redis):
+    """A score past chance's is a divergence (engine.recipe.divergence): the job's coordinator must read it."""
+    from tests.webapp.test_sockets import enrolled, running_job
+    from webapp.jobs.ingest import record_events
+
+    device, _ = enrolled()
+    job = running_job(bob, [device])
+    reader = eventstream.Reader(job.pk)
+    score = {"type": "eval", "iteration": 1, "loss": 54.3, "accuracy": None, "perplexity": None, "samples": 64,
+             "device_s": 0.1, "generation": 0}  # fmt: skip
+    record_events(device, [{"seq": 1, "job": job.pk, "event": score}])
+    got = []
+    for _ in range(10):
+        got += [e for _, _, e in reader.read(0.5)]
+        if got:
+            break
+    assert [e["type"] for e in got] == ["eval"]

@@ -31,9 +31,9 @@ from webapp.lib.outage import UNREACHABLE, Outage
 
 log = logging.getLogger(__name__)
 
-# What a coordinator reads of its devices' events: what it acts on, and the steps' measured compute (for drift);
-# the rest (scores, traces) only the site keeps.
-FOR_COORDINATOR = ("device-start", "iteration", "device-done", "device-error", "job-stopped", "restore", "step")
+# What a coordinator reads of its devices' events: what it acts on (a held-out score past chance's is a divergence,
+# engine.recipe), and the steps' measured compute (for drift); the rest (traces) only the site keeps.
+FOR_COORDINATOR = ("device-start", "iteration", "eval", "device-done", "device-error", "job-stopped", "restore", "step")
 KEEP = 50_000  # entries kept per job (approximately: trimmed as Redis finds convenient), ~ hours of steps
 TTL_S = 7 * 24 * 3600  # a stream nobody adds to for a week goes (the job ended long ago)
 BATCH = 1000  # entries read at most per call
