@@ -109,10 +109,11 @@ def test_each_event_reaches_the_coordinator_once_in_order_and_a_new_coordinator_
     before = RemoteFleet(job.pk)
     sent("tx2-0", iteration(0), iteration(1))
     sent("tx2-0", iteration(0), iteration(1))  # sent again (no ack came): stored once, streamed again, read once
-    sent("nx-0", Eval(1, 0.5, 0.9, None, 64, 0.2).to_message())  # the site's only
+    sent("nx-0", Eval(1, 0.5, 0.9, None, 64, 0.2).to_message())  # read too: a score past chance's is a divergence
     after = RemoteFleet(job.pk)  # another coordinator takes the job over: what comes next is its
     sent("tx2-0", iteration(2), first=3)
-    assert [ev["iteration"] for ev in before.drain()] == [0, 1, 2]
+    read = [(ev["type"], ev["iteration"]) for ev in before.drain()]
+    assert read == [("iteration", 0), ("iteration", 1), ("eval", 1), ("iteration", 2)]
     assert [ev["iteration"] for ev in after.drain()] == [2]
     assert JobEvent.objects.filter(job=job, type="iteration").count() == 3
     Device.objects.filter(name="tx2-0").update(session="s2", last_seq=0)  # its agent restarted: seqs from 1 again
