@@ -125,7 +125,7 @@ class Iteration(Event):
     late_steps: int = 0  # over the run so far, every device
     steps: int = 0
     time: float = 0.0  # device seconds since the run started
-    measured_throughput: float | None = None  # the run's measured throughput so far (`engine.metrics`)
+    measured_throughput: float | None = None  # this generation's (plan's) measured throughput so far (`engine.metrics`)
     generation: int = 0
     skipped: bool = False  # fp16: a gradient overflowed on some stage, so no stage stepped (engine.runtime.precision)
     loss_scale: float | None = None  # fp16: the loss scale every stage agreed on after this iteration

@@ -17,3 +17,17 @@ def measured_throughput(batch_size: int, iteration_s: Sequence[float]) -> float 
     """Samples per device second at the measured iteration time; None before any iteration."""
     seconds = measured_iteration_s(iteration_s)
     return batch_size / seconds if seconds else None
+
+
+def time_left_s(arrivals: Sequence[tuple[float, int]], total: int, min_span_s: float = 1.0) -> float | None:
+    """Seconds until a run of `total` iterations ends at the pace of `arrivals`: (wall seconds, iteration) of
+    each iteration reported, oldest first. Every report is one iteration trained, a replayed one too (after a
+    recovery the run trains iterations again), and what is left counts from the newest report's iteration, so
+    a replay makes the estimate longer rather than stale. None with fewer than two reports or under
+    `min_span_s` between them (reports that arrived in one batch say nothing of the pace)."""
+    if len(arrivals) < 2:
+        return None
+    span = arrivals[-1][0] - arrivals[0][0]
+    if span < min_span_s:
+        return None
+    return span / (len(arrivals) - 1) * max(0, total - (arrivals[-1][1] + 1))

@@ -66,6 +66,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "webapp.front.errors.PageErrors",  # a page's 404 is the site's page, never DEBUG's list of URL patterns
     "axes.middleware.AxesMiddleware",  # last: turns a locked-out login into the lockout page
 ]
 

@@ -12,6 +12,7 @@ from webapp.agents import views as agents
 from webapp.catalog import views as catalog
 from webapp.devices import api as devices_api
 from webapp.devices import views as devices
+from webapp.front import errors
 from webapp.front import views as front
 from webapp.jobs import api as jobs_api
 from webapp.jobs import history
@@ -64,4 +65,5 @@ urlpatterns = [
     path("accounts/login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
+    re_path(r"", errors.not_found),  # last: a path no page has is the site's 404, DEBUG or not
 ]

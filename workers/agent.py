@@ -144,7 +144,10 @@ class Agent:
             self.link = (mbps, time.monotonic())
             if mbps is not None:
                 log.info("this board's link to the site: %.0f Mbps", mbps)
+        from engine.data import datasets_here
+
         hello = {"type": "hello", "session": self.session, **self.capacity.to_dict(), "address": address}
+        hello["datasets"] = await asyncio.to_thread(datasets_here)  # the site plans a job only where its data is
         if self.link is not None and self.link[0] is not None:
             hello["link_mbps"] = round(self.link[0], 1)
         return {**hello, "version": PROTOCOL_VERSION}

@@ -3,7 +3,7 @@
 from engine.data.cifar import CIFAR10
 from engine.data.digits import Digits
 from engine.data.images import ImageFolder
-from engine.data.registry import PATH_DATASETS, dataset_names, get_dataset, train_size
+from engine.data.registry import PATH_DATASETS, dataset_names, datasets_here, get_dataset, train_size
 from engine.data.synthetic import SyntheticText, SyntheticVision
 from engine.data.text import ByteWindows
 
@@ -16,6 +16,7 @@ __all__ = [
     "SyntheticText",
     "SyntheticVision",
     "dataset_names",
+    "datasets_here",
     "get_dataset",
     "train_size",
 ]

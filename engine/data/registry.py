@@ -29,6 +29,24 @@ def default_data_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "asteroid" / "data"
 
 
+def datasets_here(root: str | Path | None = None) -> list[str]:
+    """The named datasets this host can serve (what a board's agent reports): the bundled ones and synthetic
+    always, CIFAR-10 when its files are in `root` (default `default_data_dir()`). The path datasets are a
+    CLI user's own files, named per run: not among them."""
+    from engine.data.cifar import TEST_FILES, TRAIN_FILES, find_folder
+
+    here = []
+    for name in DATASETS:
+        if name == "cifar10":
+            try:
+                find_folder(root if root is not None else default_data_dir(), TRAIN_FILES + TEST_FILES)
+            except UserError:
+                continue
+        if name not in PATH_DATASETS:
+            here.append(name)
+    return here
+
+
 def check_cifar10(spec: ModelSpec) -> None:
     if spec.input_shape != (3, 32, 32) or spec.num_classes != 10:
         raise UserError(

@@ -85,7 +85,7 @@ class _Device(Waits, Links, DeltaLinks, SplitSteps, Copies, Evaluation, StageAll
         self.clock = Clock(None)
         self.t0 = 0.0
         self.iteration = -1
-        self.times: list[float] = []  # device seconds of each finished iteration
+        self.times: list[float] = []  # device seconds of each iteration finished in this generation
         self.live = 0  # iterations whose optimizer step the owned layers have applied
         self.own: tuple[int, int] = (0, 0)  # layers [a, b) this device trains
         self.live_valid = True  # false while a restore is half applied
@@ -147,6 +147,7 @@ class _Device(Waits, Links, DeltaLinks, SplitSteps, Copies, Evaluation, StageAll
     def _generation(self, gen: Generation) -> str:
         """Train generation `gen`; returns how it ended: done, stopped (at the coordinator's request), left, out."""
         self.gen = gen
+        self.times = []  # the measured throughput is the current plan's: set against its prediction
         if self.hb is not None:
             self.hb.watch(gen.number)
         if self.name not in gen.ranks:

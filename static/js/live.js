@@ -45,6 +45,7 @@
     devices: parseJson(root.dataset.devices, []),
     predicted: positive(parseFloat(root.dataset.predicted)), // 0 or missing: no prediction to draw
     total: parseInt(root.dataset.iterations, 10) || 0,
+    traced: root.dataset.traced === '1', // the site holds steps of this job (its trace can be downloaded)
     evaluated: Boolean($('eval-chart')), // the job scores its held-out split (`eval` messages)
   };
 
@@ -66,7 +67,6 @@
     marks: [], // membership changes on the throughput chart: {x, text, color} (a loss, a recovery, a leave, a join)
     predictions: [], // the predicted throughput of each generation's plan: {from (first iteration, 1-based), value}
     lastIteration: -1, // the newest iteration message's number: below the iterations seen, a replay is under way
-    arrivals: [], // [performance.now(), iterations seen] at each new iteration: the pace for the ETA
     planned: {}, // the current plan's compute per device and iteration (s), from /jobs/<id>/planned.json
   };
 
@@ -163,6 +163,10 @@
     showEta(0);
     const model = $('model-link'); // only a completed run assembles a trained model
     if (model && status && status !== 'completed') model.hidden = true;
+    const trace = $('trace-link'); // a run that stopped before its first step has nothing to trace
+    if (trace && !live.traced) trace.hidden = true;
+    const downloads = $('downloads');
+    if (downloads && (!model || model.hidden) && (!trace || trace.hidden)) downloads.hidden = true;
     document.querySelectorAll('.when-finished').forEach((el) => el.removeAttribute('hidden'));
   }
 
@@ -181,24 +185,17 @@
       bar.max = page.total;
       bar.value = Math.min(done, page.total);
     }
-    showEta(done);
   }
 
-  // The time left at the pace of the last iterations that arrived while this page watched (wall clock).
-  function showEta(done) {
+  // The time left, as the site estimates it (webapp/jobs/models.py, Job.eta_s: replays count as work).
+  function showEta(seconds) {
     const el = $('job-eta');
     if (!el) return;
-    const recent = live.arrivals.slice(-10);
-    if (live.finished || !page.total || done >= page.total) {
+    if (live.finished || !isNumber(seconds)) {
       el.textContent = '';
       return;
     }
-    if (recent.length < 3) return; // the server's estimate stays until the page has measured its own
-    const first = recent[0];
-    const last = recent[recent.length - 1];
-    const perIteration = (last[0] - first[0]) / 1000 / Math.max(1, last[1] - first[1]);
-    const left = perIteration * (page.total - done);
-    el.textContent = 'about ' + (left < 90 ? Math.round(left) + ' s' : Math.round(left / 60) + ' min') + ' left';
+    el.textContent = 'about ' + (seconds < 90 ? Math.round(seconds) + ' s' : Math.round(seconds / 60) + ' min') + ' left';
   }
 
   function showMeasuredThroughput() {
@@ -212,7 +209,7 @@
     }
     const latest = all.reduce((a, b) => (b.x > a.x ? b : a));
     el.textContent = latest.measured.toFixed(1);
-    el.title = 'median iteration of the run so far (the first left out), samples/s';
+    el.title = 'median iteration of the current plan so far (its first left out), samples/s: against its prediction';
   }
 
   /* ---------- each device's speed: its measured compute against the plan's ---------- */
@@ -506,7 +503,6 @@
       return;
     }
     live.seen.add(msg.iteration);
-    live.arrivals.push([performance.now(), live.seen.size]);
     live.pending.push(toPoint(msg));
     scheduleFlush();
   }
@@ -685,7 +681,7 @@
     live.seen = new Set();
     live.points = [];
     live.pending = [];
-    live.arrivals = [];
+    showEta(job.eta_s);
     live.predictions = (job.generations || [])
       .filter((g) => isNumber(g.predicted_throughput) && g.predicted_throughput > 0)
       .map((g) => ({ from: (g.start || 0) + 1, value: g.predicted_throughput }));
@@ -705,6 +701,7 @@
     showMeasuredThroughput();
 
     live.steps = keepLatestSteps(msg.steps || []);
+    live.traced = live.traced || live.steps.length > 0 || page.traced;
     drawGantt();
 
     const states = msg.devices || {};
@@ -732,6 +729,7 @@
 
   function onSteps(msg) {
     if (!Array.isArray(msg.steps) || !msg.steps.length) return;
+    live.traced = true;
     live.steps = keepLatestSteps(live.steps.concat(msg.steps));
     scheduleGantt();
   }
@@ -834,6 +832,10 @@
     appendLog([msg]);
   }
 
+  function onProgress(msg) {
+    showEta(msg.eta_s);
+  }
+
   function onStatus(msg) {
     applyStatus(msg.status, msg.message);
   }
@@ -846,6 +848,7 @@
     device: onDevice,
     log: onLog,
     status: onStatus,
+    progress: onProgress,
     'device-lost': onMembership,
     recovered: onMembership,
     'device-left': onMembership,

@@ -135,6 +135,10 @@ def test_a_staff_member_kills_a_device_from_the_live_page_and_watches_the_recove
         window.seenStatuses = [el.textContent];
         new MutationObserver(() => window.seenStatuses.push(el.textContent))
             .observe(el, {childList: true, characterData: true, subtree: true});
+        const eta = document.getElementById('job-eta');  // the site's time left, sent with each iteration
+        window.seenEtas = [];
+        new MutationObserver(() => window.seenEtas.push(eta.textContent))
+            .observe(eta, {childList: true, characterData: true, subtree: true});
     }""")
     page.click(f'form.kill-device button[data-device="{victim}"]')
     row = page.locator(f'#device-states tr[data-device="{victim}"] .state')
@@ -161,6 +165,9 @@ def test_a_staff_member_kills_a_device_from_the_live_page_and_watches_the_recove
     expect(page.locator("#job-status")).to_have_text("completed", timeout=240_000)
     seen = page.evaluate("() => window.seenStatuses")
     assert "recovering" in seen and seen.index("recovering") < len(seen) - 1, seen  # then running, completed
+    etas = page.evaluate("() => window.seenEtas")
+    assert any(t.startswith("about ") and t.endswith(" left") for t in etas), etas  # kept up after the kill
+    expect(page.locator("#job-eta")).to_have_text("")  # nothing left
     page.goto(system.url + f"/jobs/{job['id']}/")
     expect(page.locator("#generations tbody tr")).to_have_count(2)
     assert not page.errors, page.errors

@@ -379,3 +379,11 @@ def test_image_folder_needs_held_out_images_and_an_image_model(tmp_path):
     assert message.startswith(f"image folder {root} has no held-out images: every 5th image")
     message = one_line_error(get_dataset, "images", get_model("gpt-small"), root=root)
     assert message.startswith("dataset 'images' needs an image model with at least 2 classes")
+
+
+def test_a_host_serves_cifar10_only_when_its_files_are_there(tmp_path):
+    from engine.data import datasets_here
+
+    assert datasets_here(tmp_path) == ["digits", "pytext", "synthetic"]  # (images, text: a CLI run's own path)
+    write_cifar(tmp_path / "cifar-10-batches-py")
+    assert datasets_here(tmp_path) == ["cifar10", "digits", "pytext", "synthetic"]

@@ -152,3 +152,25 @@ def test_a_warmup_past_the_run_or_a_pattern_naming_nothing_is_the_fields_error(c
     form = JobForm({**body, "freeze": "^encoder"})
     assert not form.is_valid() and "names no parameter of gpt-small" in form.errors["freeze"][0]
     assert JobForm({**body, "freeze": r"^[0-3]\."}).is_valid()
+
+
+def test_a_dataset_the_boards_do_not_have_is_refused_before_planning(cluster_c):
+    """Issue 52, defect 7: cifar10 without its folder on the boards planned fine and failed only at launch. Each
+    agent says which datasets it has (engine.data.datasets_here); the form and the planning believe it."""
+    from webapp.devices.models import Device
+    from webapp.jobs.planning import pick_devices
+
+    without = ["digits", "pytext", "synthetic"]
+    Device.objects.update(measured={"emulated": True, "datasets": without})
+    base = {**BODY, "model": "mobilenetv2", "dataset": "cifar10", "iterations": 20}
+    form = JobForm(base)
+    assert form.errors["dataset"][0].startswith("nano-0, nano-1, nano-2, nx-0, tx2-0, tx2-1 have no cifar10 data: ")
+    assert "CIFAR-10's python batch files in their agents' ASTEROID_DATA_DIR" in form.errors["dataset"][0]
+    Device.objects.filter(name__in=["nx-0", "tx2-0"]).update(
+        measured={"emulated": True, "datasets": [*without, "cifar10"]}
+    )
+    assert JobForm(base).is_valid()  # planned on the two that have it
+    assert {d.name for d in pick_devices([], "cifar10")[0]} == {"nx-0", "tx2-0"}
+    form = JobForm({**base, "devices": ["nx-0", "nano-0"]})
+    assert form.errors["devices"][0].startswith("nano-0 has no cifar10 data")
+    assert JobForm({**base, "dataset": "digits", "devices": ["nx-0", "nano-0"]}).is_valid()

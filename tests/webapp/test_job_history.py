@@ -123,8 +123,50 @@ def test_the_list_shows_the_measured_figure_of_the_live_page_and_progress(client
     running = finished(bob, status="running", finished_at=None, iterations=10,
                        started_at=timezone.now() - timezone.timedelta(seconds=40),
                        latest={"iteration": 3, "throughput": 30.0, "measured_throughput": 31.0})  # fmt: skip
+    reported(running, range(4), at=None)  # in one batch: the whole run's pace
     client.force_login(bob)
     page = client.get("/jobs/").content.decode()
     assert "41.5" in page and "99.0" not in page  # the run's median iteration, not the last one
     assert '<progress max="10" value="4">' in page and "4 / 10" in page
     assert Job.objects.get(pk=running.pk).eta_s == pytest.approx(60, abs=2)  # 40 s for 4 of 10
+
+
+def reported(job: Job, numbers, at: float | None, every: float = 2.0) -> None:
+    """Iteration reports of `numbers`, the first `at` seconds ago and `every` seconds apart (None: all now)."""
+    now = timezone.now()
+    for i, k in enumerate(numbers):
+        ev = JobEvent.objects.create(job=job, type="iteration", data={"type": "iteration", "iteration": k})
+        if at is not None:
+            when = now - timezone.timedelta(seconds=at - i * every)
+            JobEvent.objects.filter(pk=ev.pk).update(created_at=when)
+
+
+def test_the_time_left_counts_a_replay_as_work_rather_than_going_stale(bob):
+    """Issue 52, defect 4: during a replay after a recovery the time left stayed where it was ("about 104 s left"
+    for two minutes). Iterations 0-11 at 2 s each, then a recovery replays 8, 9, 10: 29 iterations are left."""
+    job = finished(bob, status="running", finished_at=None, iterations=40,
+                   started_at=timezone.now() - timezone.timedelta(seconds=60))  # fmt: skip
+    reported(job, [*range(12), 8, 9, 10], at=40)
+    assert job.eta_s == pytest.approx(2.0 * 29, rel=0.01)
+    reported(job, [11, 12], at=10)  # the replay goes on: less is left
+    assert job.eta_s == pytest.approx(2.0 * 27, rel=0.01)
+    Job.objects.filter(pk=job.pk).update(status="completed")
+    assert Job.objects.get(pk=job.pk).eta_s is None
+
+
+def test_each_iteration_tells_the_page_the_time_left(bob, monkeypatch):
+    from tests.webapp.test_sockets import enrolled, running_job
+    from webapp.jobs import notify
+    from webapp.jobs.ingest import record_events
+
+    sent = []
+    monkeypatch.setattr(notify, "try_group_send", lambda group, kind, message: sent.append(message))
+    device, _ = enrolled()
+    job = running_job(bob, [device])
+    Job.objects.filter(pk=job.pk).update(iterations=10)
+    reported(job, range(3), at=30, every=10)
+    ev = {"type": "iteration", "iteration": 3, "loss": 1.0, "iteration_s": 0.1, "throughput": 80.0}
+    record_events(device, [{"seq": 1, "job": job.pk, "event": ev}])
+    (frame,) = sent
+    progress = [m for m in frame["messages"] if m["type"] == "progress"]
+    assert progress and progress[0]["eta_s"] == pytest.approx(6 * 10, rel=0.05)  # 10 s apart, 6 left

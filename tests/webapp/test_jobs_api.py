@@ -48,6 +48,9 @@ def test_get_returns_status_plan_and_latest(planned, bob):
     client.force_login(bob)
     doc = client.get(f"/api/jobs/{planned.pk}/").json()
     assert doc["status"] == "planned" and doc["plan"]["stages"] and doc["latest"] == {}
+    assert doc["done_iterations"] == 0
+    Job.objects.filter(pk=planned.pk).update(latest={"iteration": 4})  # the engine's number, from 0 ...
+    assert client.get(f"/api/jobs/{planned.pk}/").json()["done_iterations"] == 5  # ... the pages' count
     ours = Prediction.from_dict(doc["comparison"]["asteroid"])
     assert ours.simulated_s and ours.expected_throughput == pytest.approx(planned.predicted_throughput)
     assert doc["predicted_throughput"] == pytest.approx(ours.expected_throughput)  # the figure its message names
@@ -102,6 +105,11 @@ def test_session_writes_need_csrf_but_tokens_do_not(bob, cluster_c):
         ({"model": "mobilenetv2", "iterations": None}, "iterations: Give the number of iterations or of epochs"),
         ({"model": "bert-small", "dataset": "cifar10", "batch_size": 8, "iterations": 2}, "dataset: cifar10 needs"),
         ({"model": "mobilenetv2", "batch_size": 64, "iterations": 2, "devices": ["nx-9"]}, "devices: Select a valid"),
+        (  # issue 52, defect 5: as the form does
+            {"model": "mobilenetv2", "batch_size": 64, "iterations": 2, "devices": ["nx-0", "nx-0"]},
+            "devices: Each device once: nx-0",
+        ),
+        ({"model": "mobilenetv2", "iterations": 20, "epochs": 3}, "epochs: Give iterations or epochs, not both"),
         ({"model": "mobilenetv2", "batch_size": 64, "iterations": 2, "eval_every": -1}, "eval_every: Must be a whole"),
         (
             {"model": "mobilenetv2", "batch_size": 64, "iterations": 2, "eval_every": 3},

@@ -84,3 +84,20 @@ def test_a_refused_request_is_one_line_in_the_log_once(client, bob, caplog):
     refused = [r for r in caplog.records if r.name == "django.request"]
     assert refused and all(r.exc_info is None and r.exc_text is None for r in refused)
     assert not logging.getLogger("django").handlers and logging.getLogger("django").propagate
+
+
+def test_a_page_that_is_not_there_is_the_sites_404_even_under_debug(client, bob, carol, settings):
+    """Issue 52, defect 6: another user's job showed DEBUG's 404 page, which lists every URL pattern of the site."""
+    from webapp.jobs.models import Job
+
+    settings.DEBUG = True  # make run's default
+    job = Job.objects.create(owner=bob, model="mobilenetv2")
+    client.force_login(carol)
+    for path, reason in ((f"/jobs/{job.pk}/", f"No job {job.pk} of yours"), ("/nowhere/x", "No page at /nowhere/x")):
+        page = client.get(path)
+        text = page.content.decode()
+        assert page.status_code == 404 and reason in text, text[:300]
+        assert "URLconf" not in text and "jobs/&lt;int:job_id&gt;" not in text and "<h1>Not found</h1>" in text
+    assert client.get("/jobs?page=2")["Location"] == "/jobs/?page=2"  # a missing slash still finds the page
+    assert client.post(f"/jobs/{job.pk}/cancel").status_code == 404  # (a form's body is not redirected away)
+    assert client.get("/api/nowhere/").json()["error"].startswith("no API endpoint")  # the API's stay JSON

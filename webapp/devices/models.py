@@ -87,6 +87,12 @@ class Device(models.Model):
         value = (self.measured or {}).get("memory_bytes")
         return value / 1e9 if isinstance(value, (int, float)) and value > 0 else None
 
+    def serves(self, dataset: str) -> bool:
+        """Its agent said it has `dataset`'s data (engine.data.datasets_here); an agent that did not say (older)
+        is taken at its word that it has."""
+        datasets = (self.measured or {}).get("datasets")
+        return datasets is None or dataset in datasets
+
     @property
     def available(self) -> bool:
         """Online and idle: it can take a job."""

@@ -60,6 +60,11 @@ def _hello(msg: dict) -> None:
     address = _field(msg, "address", str, optional=True)
     if address is not None and len(address) > 64:
         raise ProtocolError("hello: address is longer than 64 characters")
+    datasets = _field(msg, "datasets", list, optional=True)  # those it can serve (engine.data.datasets_here)
+    if datasets is not None and (
+        len(datasets) > 64 or not all(isinstance(d, str) and 0 < len(d) <= 64 for d in datasets)
+    ):
+        raise ProtocolError("hello: datasets must be a list of at most 64 dataset names")
     if msg.get("probe") is not None:
         from engine.devices import canonical_probe
         from engine.errors import UserError

@@ -38,10 +38,16 @@ def finish(job: Job) -> None:
         newest[it["iteration"]] = it
     iterations = [newest[k] for k in sorted(newest)]
     batch = job.plan_object.batch_size if job.plan_object else job.batch_size
-    measured = measured_throughput(batch, [it["iteration_s"] for it in iterations])
+    # measured against predicted: the last plan's iterations against its prediction (a plan after a remove or a
+    # loss is predicted for fewer devices), the whole run's besides
+    last = max((it.get("generation", 0) for it in iterations), default=0)
+    measured = measured_throughput(batch, [it["iteration_s"] for it in iterations if it.get("generation", 0) == last])
     summary = f"{len(iterations)} iterations"
     if measured and job.predicted_throughput:
         summary += f"; measured {measured:.1f} samples/s against {job.predicted_throughput:.1f} predicted"
+        if last:
+            whole = measured_throughput(batch, [it["iteration_s"] for it in iterations])
+            summary += f" (its last plan, generation {last}; {whole:.1f} over the whole run)"
     latest = {**job.latest, "measured_throughput": measured} if measured else job.latest  # the list's, the page's
     set_status(job, Job.Status.COMPLETED, summary, 1.0, finished_at=timezone.now(), latest=latest)
     job_log(job, f"completed: {summary}")

@@ -13,7 +13,7 @@ from engine.runtime import options as run_options
 from engine.runtime.options import RunOptions, settable
 from webapp.catalog.models import LabModel, reference_of
 from webapp.devices.models import Device
-from webapp.jobs.planning import unmixed
+from webapp.jobs.planning import no_data, unmixed
 from webapp.lib.fields import number, whole_number
 
 MAX_BATCH = 4096
@@ -27,7 +27,13 @@ class JobForm(forms.Form):
     dataset = forms.ChoiceField(choices=[], initial="synthetic")
     batch_size = whole_number(1, MAX_BATCH, initial=64)
     iterations = whole_number(1, MAX_ITERATIONS, initial=20, required=False)
-    epochs = number(0.01, MAX_EPOCHS, required=False, help_text="Instead of iterations: passes over the data.")
+    epochs = number(
+        0.01,
+        MAX_EPOCHS,
+        required=False,
+        help_text="Instead of iterations: passes over the data's training split. One or the other: typing in one "
+        "empties the other, and the API refuses both.",
+    )
     bandwidth_mbps = number(0.1, LIMITS["bandwidth_mbps"][1], label="Bandwidth (Mbps)", initial=1000.0)
     compression = forms.ChoiceField(
         choices=[
@@ -134,7 +140,14 @@ class JobForm(forms.Form):
             unmixed(list(candidates) if names else [])
         except UserError as exc:
             self.add_error("devices", str(exc))
-        if not any(d.available for d in candidates):
+        ready = [d for d in candidates if d.available]
+        lacking = [d for d in ready if dataset and not d.serves(dataset)]
+        if lacking and (names or len(lacking) == len(ready)):  # a job plans only where its data is
+            try:
+                no_data(lacking, dataset)
+            except UserError as exc:
+                self.add_error("devices" if names else "dataset", str(exc))
+        if not ready:
             self.add_error(
                 "devices" if names else None,
                 "None of these devices is online and idle."

@@ -161,6 +161,8 @@ def _apply(row: JobDevice, ev: dict) -> None:
         progress = min(1.0, (ev["iteration"] + 1) / row.job.iterations)
         if Job.objects.filter(pk=row.job_id, status__in=Job.ACTIVE).update(latest=browser_event(ev), progress=progress):
             notify(row.job_id, browser_event(ev))
+            job = Job.objects.only("status", "started_at", "iterations").get(pk=row.job_id)
+            notify(row.job_id, {"type": "progress", "eta_s": job.eta_s})  # the time left: the site's, not the page's
         return  # (a run that is over: no progress, and nothing for its charts)
     job = Job.objects.defer("comparison", "simulation").get(pk=row.job_id)  # (large, and not needed here)
     event = events.parse(ev)

@@ -9,7 +9,10 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
+from engine.metrics import time_left_s
 from engine.plan import Plan
+
+PACE_REPORTS = 20  # the iteration reports a running job's time left is paced on
 
 
 def read_plan(doc: dict | None) -> Plan | None:
@@ -140,8 +143,9 @@ class Job(models.Model):
 
     @property
     def measured(self) -> float | None:
-        """Measured samples/s: the median iteration of the run so far, as the engine reports it with every
-        iteration (engine.metrics.measured_throughput); a completed job's is its summary's."""
+        """Measured samples/s: the median iteration of the current plan (generation) so far, as the engine reports
+        it with every iteration (engine.metrics.measured_throughput), against its prediction; a completed job's
+        is its summary's."""
         value = (self.latest or {}).get("measured_throughput")
         return value if isinstance(value, (int, float)) else None
 
@@ -152,12 +156,21 @@ class Job(models.Model):
 
     @property
     def eta_s(self) -> float | None:
-        """Seconds until a running job's last iteration at its pace so far (wall clock since it started), or None."""
-        done = self.done_iterations
-        if self.status not in self.ACTIVE or self.started_at is None or not 0 < done < self.iterations:
+        """Seconds until a running job's last iteration, or None: at the pace of its last iteration reports
+        (engine.metrics.time_left_s: a replay after a recovery counts as work, and lengthens it), else at the
+        whole run's pace (reports that came in one batch)."""
+        if self.status not in self.ACTIVE or self.started_at is None:
             return None
-        elapsed = (timezone.now() - self.started_at).total_seconds()
-        return elapsed / done * (self.iterations - done)
+        reports = self.events.filter(type="iteration")
+        recent = list(reports.order_by("-id").values_list("created_at", "data")[:PACE_REPORTS])[::-1]
+        if not recent or recent[-1][1]["iteration"] + 1 >= self.iterations:
+            return None
+        arrivals = [(at.timestamp(), data["iteration"]) for at, data in recent]
+        left = time_left_s(arrivals, self.iterations)
+        if left is None:
+            elapsed = (timezone.now() - self.started_at).total_seconds()
+            left = elapsed / reports.count() * (self.iterations - arrivals[-1][1] - 1)
+        return left
 
     @property
     def eval_records(self) -> list[dict]:
@@ -214,7 +227,8 @@ class Job(models.Model):
                 else {**p.predicted.to_dict(), "expected_throughput": p.predicted.expected_throughput}
                 for m, p in self.comparison_plans.items()
             },
-            "latest": self.latest,
+            "latest": self.latest,  # its "iteration" is the engine's, from 0; done_iterations counts, as pages do
+            "done_iterations": self.done_iterations,
             # the plan's expected samples/s (simulated where it was), as the page and the messages say; the plan's
             # own "predicted.throughput" is the closed form's
             "predicted_throughput": self.predicted_throughput,

@@ -20,15 +20,16 @@ from webapp.devices.models import Device
 Progress = Callable[[float, str], None]
 
 
-def pick_devices(requested: list[str]) -> list[list[Device]]:
+def pick_devices(requested: list[str], dataset: str = "synthetic") -> list[list[Device]]:
     """The sets of devices a job may be planned on, in order of preference; a UserError says what is wrong.
     Emulated and real boards cannot share a run: a job that names devices names one kind; one that names none
     is planned on the real boards that are online and idle, else (none, or they cannot hold the model) on the
-    emulated ones."""
+    emulated ones. Only devices that have the `dataset`'s data (their agents say which) train on it."""
     if not requested:
         devices = [d for d in Device.objects.all() if d.available]
         if not devices:
             raise UserError("no device is online and idle: start the device agents (make run starts emulated ones)")
+        devices = [d for d in devices if d.serves(dataset)] or no_data(devices, dataset)
         real = [d for d in devices if not d.emulated]
         emulated = [d for d in devices if d.emulated]
         return [group for group in (real, emulated) if group]
@@ -41,7 +42,21 @@ def pick_devices(requested: list[str]) -> list[list[Device]]:
         raise UserError(f"not online and idle: {', '.join(busy)}; pick other devices or wait")
     devices = [found[n] for n in requested]
     unmixed(devices)
+    lacking = [d for d in devices if not d.serves(dataset)]
+    if lacking:
+        no_data(lacking, dataset)
     return [devices]
+
+
+def no_data(devices: list[Device], dataset: str):
+    """Refuse `devices`, which lack the `dataset`'s data, saying how to give it to them."""
+    names = ", ".join(d.name for d in devices)
+    agent = "their agents'" if len(devices) > 1 else "its agent's"
+    where = f"{agent} ASTEROID_DATA_DIR (~/.cache/asteroid/data) and restart {'them' if len(devices) > 1 else 'it'}"
+    how = f"put CIFAR-10's python batch files in {where}" if dataset == "cifar10" else f"give them its data in {where}"
+    raise UserError(
+        f"{names} {'have' if len(devices) > 1 else 'has'} no {dataset} data: {how}, or pick another dataset"
+    )
 
 
 def unmixed(devices: list[Device]) -> None:

@@ -38,7 +38,7 @@ def plan_job(job_id: int) -> str:
     try:
         with planlease.renewing(job_id, owner):
             try:
-                result, skipped = _plan_first(job, pick_devices(job.requested_devices), progress)
+                result, skipped = _plan_first(job, pick_devices(job.requested_devices, job.dataset), progress)
             except UserError as exc:
                 planlease.report(job, owner, Job.Status.FAILED, str(exc), None, finished_at=timezone.now())
                 job_log(job, f"cannot plan: {exc}", "error")

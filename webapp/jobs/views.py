@@ -112,7 +112,8 @@ def job_live(request, job_id: int):
     gone = {r.name for r in rows if r.state in (JobDevice.State.LOST, JobDevice.State.LEFT)}
     context = {"job": job, "devices_json": json.dumps(names), "device_names": names,
                "active_devices": [n for n in job.device_names if n not in gone],
-               "has_model": model_path(job).exists()}  # fmt: skip
+               "has_model": model_path(job).exists(),
+               "has_trace": job.compacted or job.events.filter(type="step").exists()}  # fmt: skip
     if request.user.is_staff:
         context["idle_devices"] = [d.name for d in Device.objects.all() if d.available]
     return render(request, "jobs/live.html", context)

@@ -103,6 +103,11 @@ def test_a_graceful_leave_and_a_join_lose_nothing_and_replay_nothing(reference):
     assert joined["kind"] == "jetson-xavier-nx" and joined["device"] in result.devices
     assert not _kinds(events, "replay") and not _kinds(events, "device-lost")
     assert [g["reason"] for g in result.generations] == ["start", "left", "joined"]
+    # the measured throughput each iteration carries is its plan's, set against that plan's prediction
+    # (issue 52, defect 4): a new generation's first iteration is all it has measured
+    for gen in (1, 2):
+        first = next(e for e in _kinds(events, "iteration") if e["generation"] == gen)
+        assert first["measured_throughput"] == first["throughput"]
 
 
 def test_a_leave_and_a_join_asked_while_the_run_goes_on_lose_nothing_and_replay_nothing(reference):
