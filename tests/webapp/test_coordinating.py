@@ -227,7 +227,7 @@ def test_a_busy_device_being_removed_takes_no_new_job_once_it_has_left(job, clie
     apply_event(job.pk, DeviceLeft("nx-0", 3, 1).to_message())
     device.refresh_from_db()
     assert device.job_id is None and device.status == "disabled" and not device.available  # was back online
-    with pytest.raises(UserError, match=r"not online and idle: nx-0 \(disabled\)"):
+    with pytest.raises(UserError, match=r"not online: nx-0 \(disabled\)"):
         pick_devices(["nx-0"])
     assert "nx-0" not in [d.name for d in Device.objects.all() if d.available]  # nor by a job naming none
     r = client.post(f"/devices/{nx.pk}/remove/", follow=True)

@@ -144,7 +144,7 @@ def test_not_json_and_no_devices(bob):
     assert response.status_code == 400 and response.json()["error"] == "the request body is not valid JSON"
     response = client.post("/api/jobs/", {"model": "mobilenetv2", "batch_size": 8, "iterations": 1},
                            content_type="application/json")  # fmt: skip
-    assert response.status_code == 400 and "No device is online and idle" in response.json()["error"]
+    assert response.status_code == 400 and "No device is online" in response.json()["error"]
 
 
 def test_a_job_that_does_not_fit_fails_with_the_reason(bob, profile_cache, django_capture_on_commit_callbacks):

@@ -98,6 +98,11 @@ class Device(models.Model):
         """Online and idle: it can take a job."""
         return self.status == self.Status.ONLINE and self.job_id is None
 
+    @property
+    def in_service(self) -> bool:
+        """Online, idle or busy with a job: a job may be planned on it (launched, it waits in line for a busy one)."""
+        return self.status in (self.Status.ONLINE, self.Status.BUSY)
+
     def issue_enrollment(self) -> str:
         """A new single-use enrollment token; the current credential stops working now (re-enrollment)."""
         token = new_token("ast_enroll")

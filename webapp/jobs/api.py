@@ -10,7 +10,7 @@ from django.views.decorators.http import require_POST
 
 from webapp.accounts.auth import api, error
 from webapp.devices.models import Device
-from webapp.jobs import actions, ending, launching
+from webapp.jobs import actions, ending, launching, queue
 from webapp.jobs.artifacts import job_dir
 from webapp.jobs.forms import JobForm
 from webapp.jobs.models import JobDevice
@@ -56,8 +56,23 @@ def job(request, job_id: int):
 def launch(request, job_id: int):
     job = visible_job(request.user, job_id)
     try:
-        launching.launch(job)
+        started = launching.launch(job)
     except launching.LaunchError as exc:
+        return error(409, str(exc))
+    job.refresh_from_db()
+    return JsonResponse(job.to_dict(), status=200 if started else 202)  # 202: waiting in line for busy devices
+
+
+@api("POST", staff=True)
+def queue_move(request, job_id: int):
+    """POST {"move": "up" | "down" | "first"} (staff): a job waiting in line moved; the job's JSON after it."""
+    job = visible_job(request.user, job_id)
+    where = request.json.get("move")
+    if where not in queue.MOVES:
+        return error(400, f'send {{"move": "up", "down" or "first"}}, not {where!r}'[:200])
+    try:
+        queue.move(job, where)
+    except ValueError as exc:
         return error(409, str(exc))
     job.refresh_from_db()
     return JsonResponse(job.to_dict())

@@ -9,6 +9,8 @@ Devices that an end cut short all the same (the process died between the two) ar
 
 from __future__ import annotations
 
+import logging
+
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -25,6 +27,16 @@ def release(devices) -> None:
     """Devices leave the job: busy ones are online again (heartbeats correct anything else)."""
     devices.filter(status=Device.Status.BUSY).update(status=Device.Status.ONLINE, job=None)
     devices.update(job=None)
+    transaction.on_commit(_start_waiting)  # a job waiting in line for them starts now, not at the health check
+
+
+def _start_waiting() -> None:
+    from webapp.jobs import queue
+
+    try:
+        queue.advance()
+    except Exception:  # the health check tries again within seconds
+        logging.getLogger(__name__).exception("starting the jobs waiting in line")
 
 
 def finish(job: Job) -> None:

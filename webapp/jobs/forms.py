@@ -56,7 +56,8 @@ class JobForm(forms.Form):
         choices=[],
         required=False,
         widget=forms.CheckboxSelectMultiple,
-        help_text="None ticked: every online, idle real board, else every emulated one (the two cannot share a run).",
+        help_text="None ticked: every online, idle real board, else every emulated one (the two cannot share a run); "
+        "when all are busy, the busy ones. A job launched on busy devices waits in line for them.",
     )
 
     def __init__(self, *args, **kwargs):
@@ -140,7 +141,7 @@ class JobForm(forms.Form):
             unmixed(list(candidates) if names else [])
         except UserError as exc:
             self.add_error("devices", str(exc))
-        ready = [d for d in candidates if d.available]
+        ready = [d for d in candidates if d.in_service]  # a busy one too: launched, the job waits in line
         lacking = [d for d in ready if dataset and not d.serves(dataset)]
         if lacking and (names or len(lacking) == len(ready)):  # a job plans only where its data is
             try:
@@ -150,10 +151,9 @@ class JobForm(forms.Form):
         if not ready:
             self.add_error(
                 "devices" if names else None,
-                "None of these devices is online and idle."
+                "None of these devices is online."
                 if names
-                else "No device is online and idle: "
-                "start the device agents (make run starts emulated ones) or wait for a running job.",
+                else "No device is online: start the device agents (make run starts emulated ones).",
             )
         return data
 

@@ -11,14 +11,19 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from engine.fields import MAX_INT
-from webapp.jobs import figures
+from webapp.jobs import figures, queue
 from webapp.jobs.artifacts import job_dir
 from webapp.jobs.models import Job, JobEvent
 from webapp.jobs.submit import request_of, submit, visible_job, visible_jobs
 
 PER_PAGE = 50
 COMPARED_AT_MOST = 6
-UNDER_WAY = (*Job.ACTIVE, Job.Status.QUEUED, Job.Status.PLANNING)  # neither archived nor deleted meanwhile
+UNDER_WAY = (
+    *Job.ACTIVE,
+    Job.Status.QUEUED,
+    Job.Status.PLANNING,
+    Job.Status.WAITING,
+)  # neither archived nor deleted meanwhile
 
 
 @login_required
@@ -27,8 +32,9 @@ def job_list(request):
     jobs = visible_jobs(request.user).filter(archived=archived)
     page = Paginator(jobs, PER_PAGE).get_page(request.GET.get("page"))  # a bad page number: the first or last
     hidden = 0 if archived else visible_jobs(request.user).filter(archived=True).count()
+    line = [(k, j) for k, j in enumerate(queue.waiting(), 1) if request.user.is_staff or j.owner_id == request.user.pk]
     context = {"page": page, "jobs": page.object_list, "archived": archived, "hidden": hidden,
-               "compare_max": COMPARED_AT_MOST}  # fmt: skip
+               "compare_max": COMPARED_AT_MOST, "line": line}  # fmt: skip
     return render(request, "jobs/list.html", context)
 
 

@@ -22,29 +22,41 @@ class LaunchError(Exception):
     """The job cannot be launched now; the message says why and what to do."""
 
 
-def launch(job: Job) -> None:
-    """Assign a planned job's devices: each agent gets an `assign` and answers `accepted`."""
+def launch(job: Job) -> bool:
+    """Assign a planned (or waiting) job's devices: each agent gets an `assign` and answers `accepted`. A planned
+    job some of whose devices are busy with other jobs waits in line for them instead (webapp/jobs/queue.py):
+    returns whether it was launched now."""
+    from webapp.jobs import queue
+
     names = job.device_names
-    if job.status != Job.Status.PLANNED:
+    if job.status not in (Job.Status.PLANNED, Job.Status.WAITING):
         raise LaunchError(f"job {job.pk} is {job.status}, not planned: it cannot be launched")
     with transaction.atomic():
         devices = {d.name: d for d in Device.objects.select_for_update().filter(name__in=names)}
+        busy = []
         for name in names:
             device = devices.get(name)
             if device is None:
                 raise LaunchError(f"device {name} is no longer registered; re-plan with the devices there are")
-            if not device.available:
-                why = f"busy with job {device.job_id}" if device.job_id else device.status
-                raise LaunchError(f"device {name} is {why}; re-plan with other devices or wait")
+            if device.status == Device.Status.BUSY and device.job_id:
+                busy.append(device)
+            elif not device.available:
+                raise LaunchError(f"device {name} is {device.status}; re-plan with other devices or wait")
         emulated = {devices[n].emulated for n in names}
         if len(emulated) > 1:
             raise LaunchError("the plan mixes emulated and real devices, which cannot share a run; re-plan")
-        claimed = Job.objects.filter(pk=job.pk, status=Job.Status.PLANNED).update(
+        if busy:
+            if job.status == Job.Status.PLANNED and not queue.enqueue(job, busy):
+                job.refresh_from_db()
+                raise LaunchError(f"job {job.pk} is {job.status}, not planned: it cannot be launched")
+            return False
+        claimed = Job.objects.filter(pk=job.pk, status__in=(Job.Status.PLANNED, Job.Status.WAITING)).update(
             status=Job.Status.RUNNING,
             launched_at=timezone.now(),
             progress=0.0,
             message="waiting for the devices to accept",
             emulated=emulated.pop(),
+            queue_position=None,
         )
         if not claimed:
             job.refresh_from_db()
@@ -59,6 +71,7 @@ def launch(job: Job) -> None:
         notify(job.pk, {"type": "device", "device": row.name, "state": row.state})
         tell_agent(row.device_id, _assignment(job, row, options))
     job_log(job, f"launched on {len(rows)} devices ({', '.join(names)}); waiting for their agents to accept")
+    return True
 
 
 def _assignment(job: Job, row: JobDevice, options: dict | None = None) -> dict:

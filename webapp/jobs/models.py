@@ -32,6 +32,7 @@ class Job(models.Model):
         QUEUED = "queued", "Queued"
         PLANNING = "planning", "Planning"
         PLANNED = "planned", "Planned"
+        WAITING = "waiting", "Waiting for devices"  # launched while its devices were busy: in line (jobs/queue.py)
         RUNNING = "running", "Running"
         RECOVERING = "recovering", "Recovering"
         COMPLETED = "completed", "Completed"
@@ -55,6 +56,7 @@ class Job(models.Model):
     requested_devices = models.JSONField(default=list, blank=True, help_text="Names; empty: every online device.")
     # Where it stands.
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED, db_index=True)
+    queue_position = models.BigIntegerField(null=True, blank=True)  # a waiting job's place in line: lower first
     progress = models.FloatField(null=True, blank=True)  # 0..1 while planning or running
     message = models.TextField(blank=True)  # why it failed, or what it is doing
     # The plan (Plan JSON), every method's plan or error, and the simulated 1F1B steps of one iteration.
@@ -173,6 +175,14 @@ class Job(models.Model):
         return left
 
     @property
+    def place_in_line(self) -> int | None:
+        """A waiting job's place in the queue (1: next to start; webapp/jobs/queue.py), else None."""
+        if self.status != self.Status.WAITING or self.queue_position is None:
+            return None
+        ahead = Job.objects.filter(status=self.Status.WAITING, queue_position__lt=self.queue_position).count()
+        return ahead + 1
+
+    @property
     def eval_records(self) -> list[dict]:
         """The held-out scores (`eval` events without their type) by iteration; of an iteration scored twice
         (replayed), the later."""
@@ -213,6 +223,7 @@ class Job(models.Model):
             **self.option_values,
             "devices": self.device_names or self.requested_devices,
             "status": self.status,
+            "place_in_line": self.place_in_line,  # waiting for busy devices: 1 is next (webapp/jobs/queue.py)
             "progress": self.progress,
             "message": self.message,
             "plan": self.plan,

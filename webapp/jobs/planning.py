@@ -24,11 +24,12 @@ def pick_devices(requested: list[str], dataset: str = "synthetic") -> list[list[
     """The sets of devices a job may be planned on, in order of preference; a UserError says what is wrong.
     Emulated and real boards cannot share a run: a job that names devices names one kind; one that names none
     is planned on the real boards that are online and idle, else (none, or they cannot hold the model) on the
-    emulated ones. Only devices that have the `dataset`'s data (their agents say which) train on it."""
+    emulated ones; when every one is busy, on the busy ones (launched, the job waits in line for them). Named
+    devices may be busy. Only devices that have the `dataset`'s data (their agents say which) train on it."""
     if not requested:
-        devices = [d for d in Device.objects.all() if d.available]
+        devices = [d for d in Device.objects.all() if d.available] or [d for d in Device.objects.all() if d.in_service]
         if not devices:
-            raise UserError("no device is online and idle: start the device agents (make run starts emulated ones)")
+            raise UserError("no device is online: start the device agents (make run starts emulated ones)")
         devices = [d for d in devices if d.serves(dataset)] or no_data(devices, dataset)
         real = [d for d in devices if not d.emulated]
         emulated = [d for d in devices if d.emulated]
@@ -37,9 +38,9 @@ def pick_devices(requested: list[str], dataset: str = "synthetic") -> list[list[
     unknown = [n for n in requested if n not in found]
     if unknown:
         raise UserError(f"unknown device(s): {', '.join(unknown)}")
-    busy = [f"{d.name} ({'busy' if d.job_id else d.status})" for d in found.values() if not d.available]
-    if busy:
-        raise UserError(f"not online and idle: {', '.join(busy)}; pick other devices or wait")
+    out = [f"{d.name} ({d.status})" for d in found.values() if not d.in_service]
+    if out:
+        raise UserError(f"not online: {', '.join(out)}; pick other devices or start their agents")
     devices = [found[n] for n in requested]
     unmixed(devices)
     lacking = [d for d in devices if not d.serves(dataset)]

@@ -12,7 +12,7 @@ from django.utils import timezone
 from engine.errors import UserError
 from webapp.devices import liveness
 from webapp.devices.models import Device
-from webapp.jobs import planlease
+from webapp.jobs import planlease, queue
 from webapp.jobs.ending import device_lost, fail, free_stranded
 from webapp.jobs.models import Job, JobDevice
 from webapp.jobs.notify import job_log
@@ -113,7 +113,8 @@ def health_check() -> dict:
     freed = free_stranded()  # still held by a job whose end was cut short (the site or Redis died half-way)
     if freed:
         log.warning("freed %s: held by a finished job or by none", ", ".join(freed))
-    return {"offline": lost, "unaccepted": unanswered}
+    started = queue.advance()  # jobs in line whose devices are free (a job's end starts them at once, too)
+    return {"offline": lost, "unaccepted": unanswered, "started": len(started)}
 
 
 @shared_task(time_limit=600)

@@ -21,6 +21,7 @@ from webapp.jobs import actions, ending, figures, launching, planning, rows
 from webapp.jobs.artifacts import model_path
 from webapp.jobs.forms import JobForm
 from webapp.jobs.models import Job, JobDevice, JobEvent, read_plan
+from webapp.jobs.queue import MOVES, move, ordinal
 from webapp.jobs.retention import archived_steps
 from webapp.jobs.submit import request_of, submit, visible_job
 
@@ -97,11 +98,29 @@ def job_replan(request, job_id: int):
 def job_launch(request, job_id: int):
     job = _job(request, job_id)
     try:
-        launching.launch(job)
+        started = launching.launch(job)
     except launching.LaunchError as exc:
         messages.error(request, str(exc))
         return redirect("job", job_id=job.pk)
+    if not started:
+        job.refresh_from_db()
+        messages.info(request, f"Job {job.pk} is {ordinal(job.place_in_line)} in line: {job.message}. It starts by "
+                               "itself when they are free.")  # fmt: skip
     return redirect("job-live", job_id=job.pk)
+
+
+@staff_required
+@require_POST
+def job_queue_move(request, job_id: int, where: str):
+    """Staff: a job waiting in line one place up or down, or first."""
+    job = _job(request, job_id)
+    if where not in MOVES:
+        raise Http404(f"no such move {where!r}: {', '.join(MOVES)}")
+    try:
+        move(job, where)
+    except ValueError as exc:
+        messages.error(request, str(exc))
+    return redirect("jobs")
 
 
 @login_required

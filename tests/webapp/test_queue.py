@@ -1,0 +1,89 @@
+"""The job queue: a job launched on busy devices waits in line instead of being refused, and starts by itself, in
+order, once they are free; staff reorder the line, owners cancel (issue 52, "a job queue")."""
+
+import pytest
+from django.test import Client
+
+from webapp.jobs import ending, queue
+from webapp.jobs.models import Job
+from webapp.jobs.tasks import health_check
+
+pytestmark = pytest.mark.django_db
+
+
+def planned_on(owner, names: list[str]) -> Job:
+    plan = {"method": "asteroid", "model": "mobilenetv2", "batch_size": 8, "micro_batches": 1,
+            "stages": [{"layers": [0, 1], "devices": [{"name": n, "samples": 8}]} for n in names],
+            "cluster": {"devices": [{"name": n, "kind": "nx"} for n in names]},
+            "predicted": {"throughput": 100.0, "iteration_s": 0.08, "bubble_fraction": 0.0, "memory_bytes": {},
+                          "fits": True}}  # fmt: skip
+    return Job.objects.create(owner=owner, model="mobilenetv2", plan=plan, status="planned", iterations=2)
+
+
+def api(user, path, body=None):
+    client = Client()
+    client.force_login(user)
+    return client.post(path, body or {}, content_type="application/json")
+
+
+def test_a_job_on_busy_devices_waits_in_line_and_starts_when_they_are_free(
+    cluster_c, bob, carol, alice, django_capture_on_commit_callbacks
+):
+    first = planned_on(bob, ["nx-0", "tx2-0"])
+    assert api(bob, f"/api/jobs/{first.pk}/launch/").json()["status"] == "running"
+    second, third = planned_on(carol, ["tx2-0"]), planned_on(bob, ["nx-0", "tx2-1"])
+    answer = api(carol, f"/api/jobs/{second.pk}/launch/")
+    assert answer.status_code == 202, answer.content
+    doc = answer.json()
+    assert doc["status"] == "waiting" and doc["place_in_line"] == 1
+    assert doc["message"] == f"waiting in line for tx2-0 (busy with job {first.pk})"
+    assert api(bob, f"/api/jobs/{third.pk}/launch/").json()["place_in_line"] == 2
+    # staff move the third ahead; a user may not
+    assert api(carol, f"/api/jobs/{second.pk}/queue/", {"move": "down"}).status_code == 403
+    assert api(alice, f"/api/jobs/{third.pk}/queue/", {"move": "first"}).json()["place_in_line"] == 1
+    assert api(alice, f"/api/jobs/{third.pk}/queue/", {"move": "sideways"}).status_code == 400
+    # the first job ends: the third (first in line) starts; the second, whose tx2-0 is free too, was not behind
+    # the third for it, so it starts as well
+    with django_capture_on_commit_callbacks(execute=True):
+        ending.cancel(first)
+    third.refresh_from_db(), second.refresh_from_db()
+    assert third.status == "running" and third.queue_position is None
+    assert second.status == "running"
+    lines = [e["message"] for e in third.events.filter(type="log").values_list("data", flat=True)]
+    assert any("launched from the queue" in line for line in lines), lines
+
+
+def test_a_job_never_overtakes_an_earlier_one_waiting_for_the_same_device(cluster_c, bob):
+    running = planned_on(bob, ["nx-0"])
+    queue_jobs = [planned_on(bob, ["nx-0", "tx2-0"]), planned_on(bob, ["tx2-0"])]
+    api(bob, f"/api/jobs/{running.pk}/launch/")
+    assert api(bob, f"/api/jobs/{queue_jobs[0].pk}/launch/").status_code == 202
+    assert api(bob, f"/api/jobs/{queue_jobs[1].pk}/launch/").status_code == 200  # tx2-0 is idle: it runs now
+    # a fourth one on tx2-1 and nx-0 waits behind the first, which keeps nx-0 promised
+    fourth = planned_on(bob, ["tx2-1"])
+    api(bob, f"/api/jobs/{fourth.pk}/launch/")
+    assert Job.objects.get(pk=fourth.pk).status == "running"
+    Job.objects.filter(pk=running.pk).update(status="completed")  # its end cut short: the health check frees nx-0
+    health_check()
+    waiting = Job.objects.get(pk=queue_jobs[0].pk)
+    assert waiting.status == "waiting"  # tx2-0 is still busy with the second
+    assert waiting.message == f"waiting in line for tx2-0 (busy with job {queue_jobs[1].pk})"
+    Job.objects.filter(pk=queue_jobs[1].pk).update(status="completed")
+    assert health_check()["started"] == 1 and Job.objects.get(pk=queue_jobs[0].pk).status == "running"
+
+
+def test_a_waiting_job_is_cancelled_out_of_the_line_and_the_list_shows_the_line(cluster_c, bob, carol):
+    running, waiting = planned_on(bob, ["nx-0"]), planned_on(bob, ["nx-0"])
+    api(bob, f"/api/jobs/{running.pk}/launch/")
+    client = Client()
+    client.force_login(bob)
+    page = client.post(f"/jobs/{waiting.pk}/launch/", follow=True).content.decode()
+    assert f"Job {waiting.pk} is 1st in line: waiting in line for nx-0 (busy with job {running.pk})" in page
+    listing = client.get("/jobs/").content.decode()
+    assert 'id="waiting"' in listing and "(1 in line)" in listing
+    other = Client()
+    other.force_login(carol)
+    assert 'id="waiting"' not in other.get("/jobs/").content.decode()  # not hers
+    assert other.post(f"/jobs/{waiting.pk}/queue/up/").status_code in (302, 403)  # staff only
+    assert api(bob, f"/api/jobs/{waiting.pk}/cancel/").json()["status"] == "cancelled"
+    assert queue.waiting() == []
