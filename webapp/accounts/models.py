@@ -100,3 +100,21 @@ class Invitation(_Hashed):
             user.is_staff = True
             user.save(update_fields=["is_staff"])
         return bool(claimed)
+
+
+class AlertSettings(models.Model):
+    """How a user hears of their jobs' turns (webapp/jobs/alerts.py): by e-mail and/or a webhook, for the kinds
+    ticked."""
+
+    KINDS = ("completed", "failed", "recovered", "diverged")
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="alerts")
+    email = models.BooleanField(default=False, help_text="E-mail the user's address (Django's mail settings).")
+    webhook_url = models.URLField(blank=True, max_length=500, help_text="POSTed a JSON object per alert.")
+    kinds = models.JSONField(default=list, blank=True, help_text="Which of completed, failed, recovered, diverged.")
+
+    @classmethod
+    def of(cls, user) -> AlertSettings:
+        """The user's settings (unsaved defaults, every kind ticked and nothing on, when they never set any)."""
+        found = cls.objects.filter(user=user).first()
+        return found if found is not None else cls(user=user, kinds=list(cls.KINDS))

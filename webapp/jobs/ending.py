@@ -18,6 +18,7 @@ from django.utils import timezone
 from engine.metrics import measured_throughput
 from webapp.devices.agents import try_tell_agent
 from webapp.devices.models import Device
+from webapp.jobs.alerts import alert
 from webapp.jobs.artifacts import assemble_model
 from webapp.jobs.models import Job, JobDevice, JobEvent
 from webapp.jobs.notify import after, job_log, notify, set_status
@@ -63,6 +64,7 @@ def finish(job: Job) -> None:
     latest = {**job.latest, "measured_throughput": measured} if measured else job.latest  # the list's, the page's
     set_status(job, Job.Status.COMPLETED, summary, 1.0, finished_at=timezone.now(), latest=latest)
     job_log(job, f"completed: {summary}")
+    alert(job, "completed", f"completed: {summary}")
     after(lambda: _assemble(job))
 
 
@@ -82,6 +84,7 @@ def fail(job: Job, message: str, overrule: bool = False) -> None:
         job.refresh_from_db()
         notify(job.pk, {"type": "status", "status": job.status, "progress": job.progress, "message": message})
         job_log(job, message, "error")
+        alert(job, "failed", message)
     elif overrule and job.status == Job.Status.FAILED:
         Job.objects.filter(pk=job.pk).update(message=message)
         job_log(job, message, "error")

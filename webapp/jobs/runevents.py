@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from engine import events
 from webapp.devices.models import Device
+from webapp.jobs.alerts import alert
 from webapp.jobs.ending import release
 from webapp.jobs.models import Job, JobDevice, JobEvent
 from webapp.jobs.notify import browser_event, job_log, notify
@@ -32,6 +33,9 @@ def apply_event(job_id: int, ev: dict) -> None:
         Job.objects.filter(pk=job.pk).update(plan=ev["plan"], generations=generations)
     elif kind == "recovered":
         move(job, Job.Status.RECOVERING, Job.Status.RUNNING, "training")
+        alert(job, "recovered", event.line() or "recovered")
+    elif kind == "diverged":
+        alert(job, "diverged", event.line() or "diverged")
     elif kind in ("device-left", "device-standby"):
         state = JobDevice.State.LEFT if kind == "device-left" else JobDevice.State.STANDBY
         device_state(job, ev["device"], state)

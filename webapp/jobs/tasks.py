@@ -121,3 +121,11 @@ def health_check() -> dict:
 def compact_steps() -> dict:
     """Move the step events of jobs that finished to their archives (webapp/jobs/retention.py)."""
     return compact_finished()
+
+
+@shared_task(time_limit=60)
+def send_alert(job_id: int, kind: str, line: str) -> list[str]:
+    """A job's alert to its owner (webapp/jobs/alerts.py), out of the request or the socket that changed it."""
+    from webapp.jobs.alerts import deliver
+
+    return deliver(job_id, kind, line)
