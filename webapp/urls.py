@@ -15,7 +15,7 @@ from webapp.devices import views as devices
 from webapp.front import errors
 from webapp.front import views as front
 from webapp.jobs import api as jobs_api
-from webapp.jobs import history
+from webapp.jobs import finding, history
 from webapp.jobs import views as jobs
 
 urlpatterns = [
@@ -40,6 +40,7 @@ urlpatterns = [
     path("jobs/<int:job_id>/planned.json", jobs.job_planned, name="job-planned"),
     path("jobs/<int:job_id>/cancel/", jobs.job_cancel, name="job-cancel"),
     path("jobs/<int:job_id>/again/", history.job_again, name="job-again"),
+    path("jobs/<int:job_id>/label/", finding.job_label, name="job-label"),
     path("jobs/<int:job_id>/queue/<str:where>/", jobs.job_queue_move, name="job-queue-move"),
     path("jobs/<int:job_id>/archive/", history.job_archive, name="job-archive"),
     path("jobs/<int:job_id>/delete/", history.job_delete, name="job-delete"),

@@ -40,6 +40,8 @@ def jobs(request):
         data["iterations"] = form.fields["iterations"].initial
     if isinstance(data.get("devices"), str):
         data["devices"] = [data["devices"]]
+    if isinstance(data.get("tags"), list) and all(isinstance(t, str) for t in data["tags"]):
+        data["tags"] = ", ".join(data["tags"])  # the JSON's list, or the form's "a, b"
     form = JobForm(data)
     if not form.is_valid():
         return form_error(form)

@@ -1,6 +1,9 @@
-"""The new-job form, shared by the page and the API: every field checked with a message that says the fix."""
+"""The new-job form, shared by the page and the API (and its name, tags and note, also set later): every field
+checked with a message that says the fix."""
 
 from __future__ import annotations
+
+import re
 
 from django import forms
 
@@ -22,7 +25,30 @@ MAX_EPOCHS = 1000  # bounded so that epochs -> iterations stays a finite number 
 EVAL_SAMPLES = RunOptions().eval_samples  # what a job's evaluation scores at most, in whole batches
 
 
-class JobForm(forms.Form):
+MAX_TAGS = 12
+TAG = re.compile(r"[\w .:/+-]{1,40}")
+
+
+class LabelForm(forms.Form):
+    """What a job is called, its tags and a note: given with the job or later, searched on the jobs list."""
+
+    name = forms.CharField(max_length=120, required=False, help_text="A name to find it by (optional).")
+    tags = forms.CharField(max_length=400, required=False, help_text='Comma-separated, e.g. "baseline, lr-sweep".')
+    note = forms.CharField(max_length=5000, required=False, widget=forms.Textarea(attrs={"rows": 2}))
+
+    def clean_tags(self) -> str:
+        tags = list(dict.fromkeys(t.strip() for t in self.cleaned_data["tags"].split(",") if t.strip()))
+        bad = [t for t in tags if not TAG.fullmatch(t)]
+        if bad:
+            raise forms.ValidationError(
+                f"A tag is 1 to 40 letters, digits, spaces or . : / + - _ ({bad[0][:50]!r} is not)."
+            )
+        if len(tags) > MAX_TAGS:
+            raise forms.ValidationError(f"At most {MAX_TAGS} tags ({len(tags)} given).")
+        return ", ".join(tags)
+
+
+class JobForm(LabelForm):
     model = forms.ChoiceField(choices=[])
     dataset = forms.ChoiceField(choices=[], initial="synthetic")
     batch_size = whole_number(1, MAX_BATCH, initial=64)
@@ -68,7 +94,9 @@ class JobForm(forms.Form):
         self.fields["dataset"].choices = [(d, d) for d in dataset_names() if d not in PATH_DATASETS]
         for name, spec in settable().items():  # the run options, from their declarations
             self.fields[name] = option_field(name, spec)
-        self.order_fields(["model", "dataset", "batch_size", "iterations", "epochs", *settable()])
+        self.order_fields(
+            ["model", "dataset", "batch_size", "iterations", "epochs", *settable(), "name", "tags", "note"]
+        )
         self.fields["devices"].choices = [
             (d.name, f"{d.name} ({d.get_kind_display()}, {'emulated' if d.emulated else 'real board'}, {d.status})")
             for d in Device.objects.all()

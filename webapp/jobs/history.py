@@ -11,7 +11,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from engine.fields import MAX_INT
-from webapp.jobs import figures, queue
+from webapp.jobs import figures, finding, queue
 from webapp.jobs.artifacts import job_dir
 from webapp.jobs.models import Job, JobEvent
 from webapp.jobs.submit import request_of, submit, visible_job, visible_jobs
@@ -29,13 +29,25 @@ UNDER_WAY = (
 @login_required
 def job_list(request):
     archived = request.GET.get("archived") == "1"
-    jobs = visible_jobs(request.user).filter(archived=archived)
+    everything = visible_jobs(request.user).filter(archived=archived)
+    jobs, query = finding.filtered(request, everything)
+    if request.GET.get("format") == "csv":
+        return finding.as_csv(jobs[: finding.CSV_AT_MOST], "asteroid-jobs.csv")
     page = Paginator(jobs, PER_PAGE).get_page(request.GET.get("page"))  # a bad page number: the first or last
     hidden = 0 if archived else visible_jobs(request.user).filter(archived=True).count()
     line = [(k, j) for k, j in enumerate(queue.waiting(), 1) if request.user.is_staff or j.owner_id == request.user.pk]
     context = {"page": page, "jobs": page.object_list, "archived": archived, "hidden": hidden,
-               "compare_max": COMPARED_AT_MOST, "line": line}  # fmt: skip
+               "compare_max": COMPARED_AT_MOST, "line": line, "query": query,
+               "filtering": any(v for k, v in query.items() if k != "sort"),
+               "choices": finding.choices(request, everything), "pages_query": _without_page(request)}  # fmt: skip
     return render(request, "jobs/list.html", context)
+
+
+def _without_page(request) -> str:
+    """The list's query without its page: the page links add theirs."""
+    query = request.GET.copy()
+    query.pop("page", None)
+    return query.urlencode()
 
 
 @login_required
@@ -100,6 +112,8 @@ def job_compare(request):
     if len(jobs) < 2 or len(jobs) > COMPARED_AT_MOST:
         messages.error(request, f"Tick 2 to {COMPARED_AT_MOST} of your jobs to compare them.")
         return redirect("jobs")
+    if request.GET.get("format") == "csv":
+        return finding.as_csv(jobs, f"asteroid-jobs-{'-'.join(str(j.pk) for j in jobs)}.csv")
     series, rows = [], []
     for job in jobs:
         its = _iterations(job)

@@ -43,6 +43,10 @@ class Job(models.Model):
     ACTIVE = (Status.RUNNING, Status.RECOVERING)
 
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="jobs")
+    # How its owner finds it again (webapp/jobs/finding.py): a name, tags ("a, b": searched as text), a note.
+    name = models.CharField(max_length=120, blank=True)
+    tags = models.CharField(max_length=400, blank=True)
+    note = models.TextField(blank=True)
     # The request.
     model = models.CharField(max_length=600)  # a zoo name, or a registered model's reference (webapp.catalog)
     dataset = models.CharField(max_length=32, default="synthetic")
@@ -175,6 +179,10 @@ class Job(models.Model):
         return left
 
     @property
+    def tag_list(self) -> list[str]:
+        return [t for t in (s.strip() for s in self.tags.split(",")) if t]
+
+    @property
     def place_in_line(self) -> int | None:
         """A waiting job's place in the queue (1: next to start; webapp/jobs/queue.py), else None."""
         if self.status != self.Status.WAITING or self.queue_position is None:
@@ -214,6 +222,9 @@ class Job(models.Model):
         return {
             "id": self.pk,
             "owner": self.owner.get_username(),
+            "name": self.name,
+            "tags": self.tag_list,
+            "note": self.note,
             "model": self.model,
             "dataset": self.dataset,
             "batch_size": self.batch_size,

@@ -9,7 +9,7 @@ from webapp.jobs.models import Job
 
 # What a user asks for (the job form's fields, devices and run options apart), kept on the job; the run options
 # (engine.runtime.options.settable()) go into `Job.options`.
-REQUEST = ("model", "dataset", "batch_size", "iterations", "bandwidth_mbps", "compression")
+REQUEST = ("model", "dataset", "batch_size", "iterations", "bandwidth_mbps", "compression", "name", "tags", "note")
 
 
 def request_of(job: Job) -> dict:
