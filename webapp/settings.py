@@ -183,6 +183,7 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
 # Devices and runs (README "Configuration").
 ASTEROID_HEARTBEAT_S = env_int("ASTEROID_HEARTBEAT_S", 5, minimum=1)  # agents send one this often
+ASTEROID_HEALTH_KEEP_H = env_int("ASTEROID_HEALTH_KEEP_H", 24, minimum=1)  # devices' health samples no job keeps
 ASTEROID_MISSED_HEARTBEATS = 3  # a device this many heartbeats late is offline
 ASTEROID_ACCEPT_TIMEOUT_S = env_int("ASTEROID_ACCEPT_TIMEOUT_S", 60, minimum=1)  # for agents to accept a launch
 # Jobs' stores listen on loopback only; the boards reach them through the coordinators process's store gateway

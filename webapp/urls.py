@@ -38,6 +38,7 @@ urlpatterns = [
     path("jobs/<int:job_id>/launch/", jobs.job_launch, name="job-launch"),
     path("jobs/<int:job_id>/live/", jobs.job_live, name="job-live"),
     path("jobs/<int:job_id>/planned.json", jobs.job_planned, name="job-planned"),
+    path("jobs/<int:job_id>/health.json", jobs.job_health, name="job-health"),
     path("jobs/<int:job_id>/cancel/", jobs.job_cancel, name="job-cancel"),
     path("jobs/<int:job_id>/again/", history.job_again, name="job-again"),
     path("jobs/<int:job_id>/label/", finding.job_label, name="job-label"),

@@ -38,6 +38,7 @@ from urllib.parse import urlsplit
 from engine.devices import get_kind
 from engine.errors import ErrorFirstParser, UserError
 from workers.enroll import default_state_path, obtain
+from workers.health import Health
 from workers.site import Site
 
 if TYPE_CHECKING:
@@ -72,7 +73,9 @@ class Agent:
         self.session = uuid.uuid4().hex  # events are numbered per agent process: a new one starts at seq 1
         self.outbox = Outbox()
         self.runner = Runner(self.site, credential, self.outbox, workload)
-        self.connection = Connection(self.site, credential, self._hello, self.outbox, self.runner)
+        self.connection = Connection(
+            self.site, credential, self._hello, self.outbox, self.runner, health=Health().sample
+        )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._stopping = threading.Event()

@@ -143,8 +143,10 @@ class Connection:
         outbox: Outbox,
         runner: Runner,
         backoff: Backoff | None = None,
+        health: Callable[[], dict] | None = None,
     ):
         self.site, self.credential, self.hello = site, credential, hello
+        self.health = health  # this board's health, sampled for each heartbeat (workers.health)
         self.outbox, self.runner = outbox, runner
         self.backoff = backoff or Backoff()
         self.device: str | None = None  # the site's name for this device, from `welcome`
@@ -379,6 +381,8 @@ class Connection:
     async def _heartbeat(self, ws: ClientConnection) -> None:
         # state before pending: a run that ends in between leaves its last events counted as pending
         beat = {"type": "heartbeat", "state": self.runner.state, "job": self.runner.job}
+        if self.health is not None:
+            beat["health"] = await asyncio.to_thread(self.health)  # (nvidia-smi may take a moment)
         await ws.send(json.dumps({**beat, "pending": len(self.outbox)}))
 
 

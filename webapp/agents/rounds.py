@@ -20,6 +20,7 @@ from collections import deque
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 
+from webapp.devices import health
 from webapp.devices.liveness import store_heard
 from webapp.devices.models import Device
 from webapp.jobs import eventstream
@@ -75,6 +76,7 @@ def _store_round(waiting: deque) -> tuple[list, list, list]:
             taken.append(item)
     try:
         store_heard([device.pk for device, _, _ in beats])
+        health.store([(device, msg) for device, msg, _ in beats])  # each board's CPU, memory, GPU, ... over time
         noted = [None] * len(beats)
     except Exception as exc:
         noted = [exc] * len(beats)

@@ -169,3 +169,29 @@ class Device(models.Model):
         return EngineDevice(
             self.name, self.kind if same else CUSTOM, self.memory_gb, self.gflops, reserved, probe, own
         )  # fmt: skip
+
+
+class HealthSample(models.Model):
+    """One heartbeat's health figures of a device (workers.health): kept a day (ASTEROID_HEALTH_KEEP_H), or as long
+    as the job it was taken during (deleted with it), so a job's page still shows its boards' health."""
+
+    device = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="health")
+    job = models.ForeignKey("jobs.Job", null=True, blank=True, on_delete=models.CASCADE, related_name="health")
+    at = models.DateTimeField(db_index=True)
+    cpu = models.FloatField(null=True)  # % of the host's CPU, since the heartbeat before
+    mem_used = models.BigIntegerField(null=True)  # bytes
+    mem_total = models.BigIntegerField(null=True)
+    temp_c = models.FloatField(null=True)  # the hottest thermal zone
+    gpu = models.FloatField(null=True)  # % load
+    gpu_temp_c = models.FloatField(null=True)
+    power_w = models.FloatField(null=True)
+
+    FIGURES = ("cpu", "mem_used", "mem_total", "temp_c", "gpu", "gpu_temp_c", "power_w")
+
+    class Meta:
+        indexes = [models.Index(fields=["device", "at"])]
+        ordering = ["at"]
+
+    @property
+    def mem_percent(self) -> float | None:
+        return 100.0 * self.mem_used / self.mem_total if self.mem_used is not None and self.mem_total else None

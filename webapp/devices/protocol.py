@@ -75,11 +75,23 @@ def _hello(msg: dict) -> None:
             raise ProtocolError(str(exc)) from None
 
 
+# A heartbeat's health figures (workers.health) and their bounds; each is optional.
+HEALTH = {"cpu": 100.0, "gpu": 100.0, "mem_used": 2.0**50, "mem_total": 2.0**50, "temp_c": 200.0,
+          "gpu_temp_c": 200.0, "power_w": 10_000.0}  # fmt: skip
+
+
 def _heartbeat(msg: dict) -> None:
     if _field(msg, "state", str) not in ("idle", "busy"):
         raise ProtocolError("heartbeat: state must be 'idle' or 'busy'")
     _field(msg, "job", int, optional=True)
     _number(msg, "pending", optional=True)  # events the agent holds that the site has not acknowledged
+    health = _field(msg, "health", dict, optional=True)
+    for name, value in (health or {}).items():
+        if name not in HEALTH:
+            raise ProtocolError(f"heartbeat: unknown health figure {str(name)[:40]!r}: {', '.join(HEALTH)}")
+        low = -50.0 if name.endswith("temp_c") else 0.0
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= HEALTH[name]:
+            raise ProtocolError(f"heartbeat: health figure {name!r} must be a number from {low:g} to {HEALTH[name]:g}")
 
 
 def _accepted(msg: dict) -> None:

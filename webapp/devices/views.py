@@ -9,6 +9,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from webapp.accounts.auth import staff_required
+from webapp.devices import health
 from webapp.devices.agents import disconnect_agent
 from webapp.devices.api import agent_command
 from webapp.devices.forms import DeviceForm
@@ -19,7 +20,11 @@ from webapp.devices.models import Device
 def device_list(request):
     """The devices; `?rows=1` is the table alone, which the page re-reads every few seconds."""
     template = "devices/_table.html" if request.GET.get("rows") == "1" else "devices/list.html"
-    return render(request, template, {"devices": Device.objects.select_related("job")})
+    devices = list(Device.objects.select_related("job"))
+    seen = health.recent(devices)
+    for d in devices:
+        d.recent_health = seen.get(d.pk)
+    return render(request, template, {"devices": devices, "health_minutes": int(health.WINDOW.total_seconds() // 60)})
 
 
 @staff_required

@@ -10,7 +10,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from engine.errors import UserError
-from webapp.devices import liveness
+from webapp.devices import health, liveness
 from webapp.devices.models import Device
 from webapp.jobs import planlease, queue
 from webapp.jobs.ending import device_lost, fail, free_stranded
@@ -114,6 +114,7 @@ def health_check() -> dict:
     if freed:
         log.warning("freed %s: held by a finished job or by none", ", ".join(freed))
     started = queue.advance()  # jobs in line whose devices are free (a job's end starts them at once, too)
+    health.prune()  # devices' health samples older than a day that no job keeps
     return {"offline": lost, "unaccepted": unanswered, "started": len(started)}
 
 

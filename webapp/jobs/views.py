@@ -150,6 +150,14 @@ def job_planned(request, job_id: int):
     return JsonResponse({"planned_s": planned})
 
 
+@login_required
+def job_health(request, job_id: int):
+    """The job's devices' health while it ran (webapp/devices/health.py): a figure and its text alternative."""
+    from webapp.devices.health import job_figure
+
+    return JsonResponse(job_figure(_job(request, job_id)))
+
+
 @staff_required
 @require_POST
 def job_device_action(request, job_id: int, action: str):
