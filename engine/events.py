@@ -247,6 +247,21 @@ class JobStopped(Event):
 
 
 @dataclass(frozen=True)
+class AgentLog(Event):
+    """A line of a board's agent log about a job (workers/joblog.py): the site keeps them per device, for the live
+    page to show and download. Not in the job's own log."""
+
+    TYPE = "agent-log"
+    SENT_BY = "agent"
+    NON_NEGATIVE = ("time",)
+
+    device: str
+    severity: str  # the logging level's name: INFO, WARNING, ERROR
+    message: str
+    time: float  # unix seconds on the board
+
+
+@dataclass(frozen=True)
 class RunStop(Event):
     TYPE = "run-stop"
     SENT_BY = "launcher"
@@ -271,6 +286,7 @@ CATALOGUE: dict[str, type[Event]] = {
         DeviceDone,
         DeviceError,
         JobStopped,
+        AgentLog,
         RunStop,
         DeviceLost,
         Replan,

@@ -39,6 +39,7 @@ urlpatterns = [
     path("jobs/<int:job_id>/live/", jobs.job_live, name="job-live"),
     path("jobs/<int:job_id>/planned.json", jobs.job_planned, name="job-planned"),
     path("jobs/<int:job_id>/health.json", jobs.job_health, name="job-health"),
+    path("jobs/<int:job_id>/logs/", jobs.job_logs, name="job-logs"),
     path("jobs/<int:job_id>/cancel/", jobs.job_cancel, name="job-cancel"),
     path("jobs/<int:job_id>/again/", history.job_again, name="job-again"),
     path("jobs/<int:job_id>/label/", finding.job_label, name="job-label"),

@@ -39,6 +39,7 @@ from engine.devices import get_kind
 from engine.errors import ErrorFirstParser, UserError
 from workers.enroll import default_state_path, obtain
 from workers.health import Health
+from workers.joblog import JobLog
 from workers.site import Site
 
 if TYPE_CHECKING:
@@ -95,7 +96,15 @@ class Agent:
         asyncio.run(self.serve(signals))
 
     async def serve(self, signals: bool = False) -> None:
-        """Serve on the running loop until `stop()`."""
+        """Serve on the running loop until `stop()`; its log lines about a job go to the job too."""
+        joblog = JobLog(self.outbox)
+        logging.getLogger("workers").addHandler(joblog)
+        try:
+            await self._serve(signals)
+        finally:
+            logging.getLogger("workers").removeHandler(joblog)
+
+    async def _serve(self, signals: bool) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         if signals:

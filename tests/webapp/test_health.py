@@ -3,7 +3,6 @@ site keeps them (with a job's, as long as the job) and shows them on the devices
 
 import pytest
 from asgiref.sync import async_to_sync
-from channels.db import database_sync_to_async
 from django.test import Client
 from django.utils import timezone
 
@@ -18,7 +17,7 @@ FIGURES = {"cpu": 41.5, "mem_used": 3 * 2**30, "mem_total": 4 * 2**30, "temp_c":
 
 
 def test_heartbeats_bring_health_which_the_pages_show_and_a_job_keeps(bob, carol):
-    (idle, idle_credential), (busy, busy_credential) = enrolled("tx2-0"), enrolled("tx2-1")
+    (_, idle_credential), (busy, busy_credential) = enrolled("tx2-0"), enrolled("tx2-1")
     job = running_job(bob, [busy])
 
     async def run():
@@ -51,3 +50,30 @@ def test_heartbeats_bring_health_which_the_pages_show_and_a_job_keeps(bob, carol
     assert health.prune() == 1 and list(HealthSample.objects.values_list("job_id", flat=True)) == [job.pk]
     job.delete()
     assert not HealthSample.objects.exists()
+
+
+def test_each_devices_agent_lines_about_a_job_are_kept_shown_and_downloaded(bob, carol):
+    from webapp.jobs.ingest import record_events
+
+    device, _ = enrolled("tx2-0")
+    job = running_job(bob, [device])
+    line = {"type": "agent-log", "device": "whatever-it-calls-itself", "severity": "WARNING",
+            "message": f"job {job.pk}: device tx2-0 failed: out of memory", "time": 1_700_000_000.0}  # fmt: skip
+    record_events(device, [{"seq": 1, "job": job.pk, "event": line}])
+    job.status = "completed"
+    job.save(update_fields=["status"])
+    late = {**line, "severity": "INFO", "message": f"job {job.pk}: finished (done)", "time": 1_700_000_001.0}
+    record_events(device, [{"seq": 2, "job": job.pk, "event": late}])  # after the end: kept all the same
+    client = Client()
+    client.force_login(bob)
+    text = client.get(f"/jobs/{job.pk}/logs/", {"device": "tx2-0"}).content.decode()
+    assert text == (f"2023-11-14 22:13:20 tx2-0 WARNING job {job.pk}: device tx2-0 failed: out of memory\n"
+                    f"2023-11-14 22:13:21 tx2-0 INFO job {job.pk}: finished (done)\n")  # fmt: skip
+    assert client.get(f"/jobs/{job.pk}/logs/", {"device": "nx-9"}).content == b""
+    download = client.get(f"/jobs/{job.pk}/logs/", {"download": "1", "device": "tx2-0"})
+    assert download["Content-Disposition"] == f'attachment; filename="asteroid-job{job.pk}-tx2-0.log"'
+    log_lines = [d["message"] for d in job.events.filter(type="log").values_list("data", flat=True)]
+    assert not any("out of memory" in m for m in log_lines)  # the board's own account, not the job's log
+    other = Client()
+    other.force_login(carol)
+    assert other.get(f"/jobs/{job.pk}/logs/").status_code == 404

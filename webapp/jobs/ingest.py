@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 # Events of a finished job that still mean something: a device's own failure may replace a lost peer as the
 # reason (`fail(..., overrule=True)`), and a device's end frees it. Steps, iterations and scores of a finished job,
 # which would change its record (its trace, its charts) after the fact, are dropped.
-AFTER_THE_END = ("device-done", "device-error", "job-stopped")
+AFTER_THE_END = ("device-done", "device-error", "job-stopped", "agent-log")  # (an agent's last lines come after)
 
 
 def record_events(device: Device, items: list[dict], through: int | None = None) -> int:

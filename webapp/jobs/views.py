@@ -151,6 +151,29 @@ def job_planned(request, job_id: int):
 
 
 @login_required
+def job_logs(request, job_id: int):
+    """Each device's agent log lines about the job (`agent-log` events), as text; `?device=NAME` one device's,
+    `?download=1` as a file."""
+    from datetime import UTC, datetime
+
+    job = _job(request, job_id)
+    device = request.GET.get("device", "")[:64]
+    rows = job.events.filter(type="agent-log")
+    if device:
+        rows = rows.filter(device=device)
+    lines = []
+    for name, ev in rows.values_list("device", "data"):
+        when = datetime.fromtimestamp(ev.get("time", 0), UTC).strftime("%Y-%m-%d %H:%M:%S")
+        lines.append(f"{when} {name} {ev.get('severity', '')} {ev.get('message', '')}")
+    response = HttpResponse("".join(f"{line}\n" for line in lines), content_type="text/plain; charset=utf-8")
+    if request.GET.get("download"):
+        response["Content-Disposition"] = (
+            f'attachment; filename="asteroid-job{job.pk}-{slugify(device) or "devices"}.log"'
+        )
+    return response
+
+
+@login_required
 def job_health(request, job_id: int):
     """The job's devices' health while it ran (webapp/devices/health.py): a figure and its text alternative."""
     from webapp.devices.health import job_figure
