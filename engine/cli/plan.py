@@ -32,7 +32,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     problem = Problem(w, cluster, args.batch_size, allreduce=args.allreduce, schedule=args.schedule)
     if args.method != "all":
         plan = fitting_plan(args.method, problem, args.compression)
-        print(json.dumps(plan.to_dict(), indent=2) if args.json else plan_table(plan))
+        print(json.dumps(plan.to_dict(), indent=2) if args.json else plan_table(plan) + _left_out(plan, w))
         return 0
     if not could_fit(problem):
         raise UserError(infeasible_message(problem, "asteroid"))
@@ -57,8 +57,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
     else:
         print(comparison_table(results, ideal))
         print()
-        print(plan_table(results["asteroid"]))
+        print(plan_table(results["asteroid"]) + _left_out(results["asteroid"], w))
     return 0
+
+
+def _left_out(plan: Plan, w) -> str:
+    """Lines saying why the plan leaves each unused device out (engine.planners.explain), or nothing."""
+    from engine.planners.explain import left_out
+
+    why = left_out(plan, w)
+    return "".join(f"\nleft out: {name}: {reason}" for name, reason in why.items())
 
 
 def fitting_plan(method: str, problem: Problem, compression: tuple = ((), False), samples: int | None = None) -> Plan:

@@ -270,3 +270,24 @@ def test_api_errors_are_json_with_their_status(planned, bob, carol, settings):
         assert response.json()["error"] == "the request body is over the limit of 1000 bytes"
     form = client.post("/api/jobs/", {"model": "m" * 2000})  # a form body, parsed by Django itself
     assert form.status_code == 413 and "over the limit" in form.json()["error"]
+
+
+def test_the_plan_says_why_each_device_was_left_out(bob, cluster_c, profile_cache, django_capture_on_commit_callbacks):
+    """Issue 52, "explain exclusions": a device the planner did better without, one offline, one without the data."""
+    from webapp.devices.models import Device
+
+    Device.objects.create(name="nano-9", kind="jetson-nano", status="offline", measured={"emulated": True})
+    Device.objects.filter(name="tx2-1").update(measured={"emulated": True, "datasets": ["synthetic"]})
+    client = Client()
+    client.force_login(bob)
+    with django_capture_on_commit_callbacks(execute=True):
+        number = client.post("/api/jobs/", {"model": "mobilenetv2", "dataset": "digits", "batch_size": 64,
+                                            "iterations": 3}, content_type="application/json").json()["id"]  # fmt: skip
+    job = Job.objects.get(pk=number)
+    assert job.status == "planned", job.message
+    assert job.left_out["nano-9"] == "offline: its agent is not connected"
+    assert job.left_out["tx2-1"] == "its agent has no digits data"
+    unused = {d.name for d in job.plan_object.cluster.devices} - set(job.device_names)
+    assert unused <= set(job.left_out) and all(job.left_out[n].startswith(("with it in", "adding it")) for n in unused)
+    page = client.get(f"/jobs/{number}/").content.decode()
+    assert 'id="left-out"' in page and "<strong>nano-9</strong>: offline: its agent is not connected" in page

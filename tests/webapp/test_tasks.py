@@ -23,7 +23,7 @@ def test_a_silent_device_goes_offline_and_its_coordinator_sees_it_gone_if_it_had
     fleet.starting = {"tx2-0": [tx2.pk, {}, -1e9, -1e9], "nx-0": [nx.pk, {}, -1e9, -1e9]}  # told to start long ago
     assert fleet.exitcode("tx2-0") is None and fleet.exitcode("nx-0") is None
     Device.objects.filter(pk=tx2.pk).update(last_heartbeat=now - timedelta(seconds=16))
-    assert health_check() == {"offline": 1, "unaccepted": 0}
+    assert health_check() == {"offline": 1, "unaccepted": 0, "started": 0}
     job.refresh_from_db()
     assert job.status == "running"  # the job's coordinator recovers without it, or fails the job
     assert job.events.filter(type="log", data__message="device tx2-0 stopped sending heartbeats (none for 15 s)")
@@ -31,7 +31,7 @@ def test_a_silent_device_goes_offline_and_its_coordinator_sees_it_gone_if_it_had
     fleet.offline_checked = 0.0  # as if a second had passed
     assert fleet.exitcode("tx2-0") == 1 and fleet.why("tx2-0") == "its agent went offline"
     assert fleet.exitcode("nx-0") is None
-    assert health_check() == {"offline": 0, "unaccepted": 0}
+    assert health_check() == {"offline": 0, "unaccepted": 0, "started": 0}
 
 
 def test_a_device_whose_heartbeats_wait_for_the_database_is_not_taken_for_offline(cluster_c):
@@ -45,7 +45,7 @@ def test_a_device_whose_heartbeats_wait_for_the_database_is_not_taken_for_offlin
     Device.objects.filter(pk__in=[nx.pk, tx2.pk]).update(last_heartbeat=long_ago)
     async_to_sync(liveness.heard)(nx.pk)  # nx-0's agent is alive: its heartbeat was read just now
     assert set(liveness.last_heard([nx.pk, tx2.pk])) == {nx.pk}
-    assert health_check() == {"offline": 1, "unaccepted": 0}
+    assert health_check() == {"offline": 1, "unaccepted": 0, "started": 0}
     assert Device.objects.get(pk=nx.pk).status == "online" and Device.objects.get(pk=tx2.pk).status == "offline"
 
 

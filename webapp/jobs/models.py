@@ -61,6 +61,7 @@ class Job(models.Model):
     # Where it stands.
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED, db_index=True)
     queue_position = models.BigIntegerField(null=True, blank=True)  # a waiting job's place in line: lower first
+    left_out = models.JSONField(default=dict, blank=True)  # {device: why it is not in the plan} (the plan page's)
     progress = models.FloatField(null=True, blank=True)  # 0..1 while planning or running
     message = models.TextField(blank=True)  # why it failed, or what it is doing
     # The plan (Plan JSON), every method's plan or error, and the simulated 1F1B steps of one iteration.

@@ -11,6 +11,7 @@ from engine.errors import UserError
 from engine.models import get_model
 from engine.plan import Plan
 from engine.planners import COMPARED, NoFeasiblePlan, Problem
+from engine.planners.explain import left_out
 from engine.planners.feasibility import Infeasible, diagnose
 from engine.planners.levels import plan_compressed
 from engine.recipe import planned
@@ -47,6 +48,27 @@ def pick_devices(requested: list[str], dataset: str = "synthetic") -> list[list[
     if lacking:
         no_data(lacking, dataset)
     return [devices]
+
+
+def passed_over(planned: list[Device], requested: list[str], dataset: str) -> dict[str, str]:
+    """Why each registered device outside `planned` (the devices the job was planned on) was not given to the
+    planner; devices a job that names its own did not name are not listed."""
+    names = {d.name for d in planned}
+    emulated = bool(planned) and planned[0].emulated
+    out = {}
+    for d in Device.objects.all():
+        if d.name in names or (requested and d.name not in requested):
+            continue
+        if not d.in_service:
+            out[d.name] = f"{d.status}: its agent is not connected" if d.status == "offline" else f"{d.status}"
+        elif not d.serves(dataset):
+            out[d.name] = f"its agent has no {dataset} data"
+        elif d.emulated != emulated:
+            kind = "emulated" if d.emulated else "a real board"
+            out[d.name] = f"{kind}: emulated and real boards cannot share a run"
+        elif not d.available:
+            out[d.name] = f"busy with job {d.job_id}: the job was planned on the idle devices"
+    return out
 
 
 def no_data(devices: list[Device], dataset: str):
@@ -113,6 +135,7 @@ def plan_all(
     steps = [e.to_dict() for e in simulate(best, w).events]
     return {
         "plan": best.to_dict(),
+        "left_out": left_out(best, w),  # why the planner did better without a device it was given
         "comparison": {m: p.to_dict() if isinstance(p, Plan) else {"error": p} for m, p in comparison.items()},
         "simulation": steps,
     }

@@ -47,6 +47,7 @@ def submit(user, data: dict, job: Job | None = None) -> Job:
         for k, v in fields.items():
             setattr(job, k, v)
         job.status, job.plan, job.comparison, job.simulation, job.message = Job.Status.QUEUED, None, None, None, ""
+        job.left_out = {}
         job.finished_at = None
         job.save()
     transaction.on_commit(lambda: plan_job.delay(job.pk))

@@ -16,7 +16,7 @@ from webapp.jobs import planlease, queue
 from webapp.jobs.ending import device_lost, fail, free_stranded
 from webapp.jobs.models import Job, JobDevice
 from webapp.jobs.notify import job_log
-from webapp.jobs.planning import pick_devices, plan_all
+from webapp.jobs.planning import passed_over, pick_devices, plan_all
 from webapp.jobs.retention import compact_finished
 
 log = logging.getLogger(__name__)
@@ -52,6 +52,9 @@ def plan_job(job_id: int) -> str:
                 job_log(job, f"planning failed unexpectedly ({type(exc).__name__}); see the worker's log", "error")
                 return "failed"
         job.plan = result["plan"]
+        planned = {d["name"] for d in result["plan"]["cluster"]["devices"]}
+        passed = passed_over(list(Device.objects.filter(name__in=planned)), job.requested_devices, job.dataset)
+        result["left_out"] = {**passed, **result["left_out"]}
         predicted = job.predicted_throughput
         planlease.report(job, owner, Job.Status.PLANNED, f"planned: {predicted:.1f} samples/s predicted", 1.0, **result)
     except planlease.Lost:
