@@ -34,12 +34,13 @@ def left_out(plan: Plan, w: Workload) -> dict[str, str]:
             continue
         p, best = max(fitting, key=lambda ps: ps[1].expected_throughput)
         peers = ", ".join(s.name for s in plan.stages[p].devices)
-        if best.expected_throughput >= base.expected_throughput * (1 - 1e-9):
-            out[dev.name] = (f"adding it to stage {p + 1} (beside {peers}) gains nothing: {best.expected_throughput:.1f} "
-                             f"samples/s predicted either way")  # fmt: skip
+        with_it, without = best.expected_throughput, base.expected_throughput
+        if with_it >= without * (1 - 1e-9):
+            out[dev.name] = (f"adding it to stage {p + 1} (beside {peers}) gains nothing: {with_it:.1f} samples/s "
+                             "predicted either way")  # fmt: skip
         else:
             out[dev.name] = (f"with it in stage {p + 1} (beside {peers}), its best place, the plan would predict "
-                             f"{best.expected_throughput:.1f} samples/s against {base.expected_throughput:.1f} without it: "
+                             f"{with_it:.1f} samples/s against {without:.1f} without it: "
                              f"{_why(plan, w, p, dev.name)}")  # fmt: skip
     return out
 

@@ -39,8 +39,8 @@ def test_the_cli_plan_says_why_a_device_is_left_out(capsys, tmp_path):
     from tests.engine.clirun import run
 
     path = tmp_path / "lab.json"
-    path.write_text(json.dumps({"devices": [{"name": "nx-0", "kind": "nx"}, {"name": "nx-1", "kind": "nx"},
-                                            {"name": "slow-0", "gflops": 5, "memory_gb": 8, "bandwidth_mbps": 5}]}))  # fmt: skip
+    slow = {"name": "slow-0", "gflops": 5, "memory_gb": 8, "bandwidth_mbps": 5}
+    path.write_text(json.dumps({"devices": [{"name": "nx-0", "kind": "nx"}, {"name": "nx-1", "kind": "nx"}, slow]}))
     code, out, err = run(capsys, "plan", "--model", "mobilenetv2", "--cluster", str(path), "--batch-size", "32",
                          "--method", "asteroid")  # fmt: skip
     assert code == 0, err

@@ -138,15 +138,28 @@ def test_pipeline_figure_colours_by_kind_and_names_unused_devices():
     assert any("spare" in a["text"] for a in fig["layout"]["annotations"])
 
 
+def predicted_bars(fig: dict) -> dict[str, tuple[float, str, str]]:
+    """The memory figure's predicted bars: device -> (GiB, its colour, its legend entry)."""
+    bars = {}
+    for trace in fig["data"][1:]:
+        assert isinstance(trace["marker"]["color"], str), "one colour per trace: the legend shows it"
+        for x, y in zip(trace["x"], trace["y"]):
+            assert x not in bars, f"{x} drawn twice"
+            bars[x] = (y, trace["marker"]["color"], trace["name"])
+    return bars
+
+
 def test_memory_figure_bars_are_predicted_gib_against_usable_capacity(engine_plans):
     plan = engine_plans["asteroid"]
     fig = figures.memory_figure(read_plan(plan))
     assert_plain_json(fig)
-    capacity, predicted = fig["data"]
+    capacity = fig["data"][0]
     names = [d["name"] for _, _, d in plan_devices(plan)]
-    assert predicted["x"] == names and capacity["x"] == names
-    for name, y in zip(names, predicted["y"]):
-        assert y == pytest.approx(plan["predicted"]["memory_bytes"][name] / 2**30)
+    predicted = predicted_bars(fig)
+    assert sorted(predicted) == sorted(names) and capacity["x"] == names
+    assert fig["layout"]["xaxis"]["categoryarray"] == names  # in the plan's order, whatever the traces' order
+    for name in names:
+        assert predicted[name][0] == pytest.approx(plan["predicted"]["memory_bytes"][name] / 2**30)
     kinds = {d["name"]: d["kind"] for d in plan["cluster"]["devices"]}
     for name, cap in zip(names, capacity["y"]):
         kind = KINDS[kinds[name]]
@@ -157,12 +170,29 @@ def test_memory_figure_bars_are_predicted_gib_against_usable_capacity(engine_pla
 
 def test_memory_figure_custom_device_capacity_and_overflow():
     fig = figures.memory_figure(read_plan(custom_plan()))
-    capacity, predicted = fig["data"]
+    capacity = fig["data"][0]
     assert capacity["x"] == ["big", "nano-0", "tx2-0"]
     assert capacity["y"] == pytest.approx([5.5, 2.8, 6.5])
-    assert predicted["y"] == pytest.approx([2.0, 3.0, 0.5])
-    assert predicted["marker"]["color"][1] == figures.BAD  # 3 GiB on a Nano (2.8 usable)
-    assert predicted["marker"]["color"][0] != figures.BAD
+    predicted = predicted_bars(fig)
+    assert {name: y for name, (y, _, _) in predicted.items()} == pytest.approx(
+        {"big": 2.0, "nano-0": 3.0, "tx2-0": 0.5}
+    )
+    assert predicted["nano-0"][1] == figures.BAD  # 3 GiB on a Nano (2.8 usable)
+    assert predicted["big"][1] == figures.KIND_COLORS["custom"]
+    assert predicted["tx2-0"][1] == figures.KIND_COLORS["jetson-tx2"]
+
+
+def test_memory_figure_legend_names_every_colour_of_its_bars():
+    # Issue 52: the legend said "predicted peak memory" in green while the bars were coloured by kind.
+    fig = figures.memory_figure(read_plan(custom_plan()))
+    legend = {t["name"]: t["marker"]["color"] for t in fig["data"] if t.get("showlegend", True)}
+    assert legend == {
+        "usable memory": figures.NEUTRAL_FILL,
+        "predicted peak, Custom device": figures.KIND_COLORS["custom"],
+        "predicted peak, Jetson TX2": figures.KIND_COLORS["jetson-tx2"],
+        "predicted peak, over usable memory": figures.BAD,
+    }
+    assert fig["layout"]["uniformtext"]["mode"] == "hide"  # a label too wide for its bar is left out, not overlapped
 
 
 def test_memory_figure_without_prediction_says_so():
