@@ -26,6 +26,7 @@ urlpatterns = [
     path("devices/<int:device_id>/token/", devices.device_token, name="device-token"),
     path("devices/<int:device_id>/disable/", agents.device_disable, name="device-disable"),
     path("devices/<int:device_id>/enable/", devices.device_enable, name="device-enable"),
+    path("devices/<int:device_id>/group/", devices.device_group, name="device-group"),
     path("devices/<int:device_id>/remove/", agents.device_remove, name="device-remove"),
     path("models/", catalog.model_list, name="models"),
     path("models/add/", catalog.model_add, name="model-add"),

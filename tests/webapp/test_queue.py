@@ -87,3 +87,36 @@ def test_a_waiting_job_is_cancelled_out_of_the_line_and_the_list_shows_the_line(
     assert other.post(f"/jobs/{waiting.pk}/queue/up/").status_code in (302, 403)  # staff only
     assert api(bob, f"/api/jobs/{waiting.pk}/cancel/").json()["status"] == "cancelled"
     assert queue.waiting() == []
+
+
+def test_a_job_asks_for_a_group_or_any_n_devices_instead_of_names(cluster_c, bob, profile_cache,
+                                                                  django_capture_on_commit_callbacks):  # fmt: skip
+    from engine.errors import UserError
+    from webapp.devices.models import Device
+    from webapp.jobs.forms import JobForm
+    from webapp.jobs.planning import pick_devices
+
+    Device.objects.filter(name__in=["tx2-0", "tx2-1", "nx-0"]).update(group="fast")
+    base = {"model": "mobilenetv2", "dataset": "synthetic", "batch_size": 64, "iterations": 2, "bandwidth_mbps": 1000}
+    assert dict(JobForm().fields["device_group"].choices) == {"": "any", "fast": "fast"}
+    form = JobForm({**base, "devices": ["nx-0"], "device_count": 2})
+    assert form.errors["devices"] == ["Tick devices, or ask for a group or a number of them, not both."]
+    assert JobForm({**base, "device_group": "fast", "device_count": 4}).errors["device_count"] == [
+        "At most 3: the devices online in the group."
+    ]
+    assert {d.name for d in pick_devices([], "synthetic", "fast")[0]} == {"tx2-0", "tx2-1", "nx-0"}
+    Device.objects.filter(name="nx-0").update(status="busy")  # the idle ones first, the fastest first
+    assert [d.name for d in pick_devices([], "synthetic", "fast", 2)[0]] == ["tx2-0", "tx2-1"]
+    assert [d.name for d in pick_devices([], "synthetic", "", 1)[0]] == ["tx2-0"]
+    with pytest.raises(UserError, match="no device is in group 'slow'"):
+        pick_devices([], "synthetic", "slow")
+    with pytest.raises(UserError, match="4 devices asked for, but only 3 of one kind in group fast"):
+        pick_devices([], "synthetic", "fast", 4)
+    Device.objects.filter(name="nx-0").update(status="online")
+    client = Client()
+    client.force_login(bob)
+    with django_capture_on_commit_callbacks(execute=True):
+        doc = client.post("/api/jobs/", {**base, "device_count": 2}, content_type="application/json").json()
+    job = Job.objects.get(pk=doc["id"])
+    assert job.status == "planned" and job.device_count == 2 and len(job.plan_object.cluster.devices) == 2
+    assert job.left_out["nano-0"] == "not among the 2 devices asked for (the idle ones first, the fastest first)"

@@ -1,5 +1,7 @@
 """The add-device form (staff)."""
 
+import re
+
 from django import forms
 
 from engine.devices import LIMITS
@@ -18,4 +20,18 @@ class DeviceForm(forms.ModelForm):
 
     class Meta:
         model = Device
-        fields = ["name", "kind", "memory_gb", "gflops"]
+        fields = ["name", "kind", "memory_gb", "gflops", "group"]
+
+    def clean_group(self) -> str:
+        return clean_group(self.cleaned_data.get("group") or "")
+
+
+GROUP = re.compile(r"[\w.-]{1,64}")
+
+
+def clean_group(value: str) -> str:
+    """A device group's name: letters, digits, . _ - (or empty: none)."""
+    value = value.strip()
+    if value and not GROUP.fullmatch(value):
+        raise forms.ValidationError("A group is 1 to 64 letters, digits, '.', '_' or '-'.")
+    return value

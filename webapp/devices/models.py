@@ -44,6 +44,7 @@ class Device(models.Model):
     session = models.CharField(max_length=64, blank=True, editable=False)
     last_seq = models.BigIntegerField(default=0, editable=False)
     address = models.CharField(max_length=64, blank=True, help_text="Where other devices reach its agent.")
+    group = models.CharField(max_length=64, blank=True, help_text="A group a job may ask for (e.g. lab-a).")
     measured = models.JSONField(default=dict, blank=True, help_text="What its agent measured and reported.")
     job = models.ForeignKey("jobs.Job", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
 
@@ -142,6 +143,7 @@ class Device(models.Model):
             "memory_gb": self.memory_gb,
             "gflops": self.gflops,
             "status": self.status,
+            "group": self.group,
             "enrolled": self.enrolled,
             "last_heartbeat": self.last_heartbeat.isoformat() if self.last_heartbeat else None,
             "measured": self.measured,

@@ -52,6 +52,25 @@ def device_token(request, device_id: int):
 
 @staff_required
 @require_POST
+def device_group(request, device_id: int):
+    """Put a device in a group (or none): a job may ask for a group's devices instead of naming them."""
+    from django import forms
+
+    from webapp.devices.forms import clean_group
+
+    device = get_object_or_404(Device, pk=device_id)
+    try:
+        group = clean_group(request.POST.get("group", "")[:200])
+    except forms.ValidationError as exc:
+        messages.error(request, f"{device.name}: {exc.messages[0]}")
+        return redirect("devices")
+    Device.objects.filter(pk=device.pk).update(group=group)
+    messages.info(request, f"{device.name} is in group {group}." if group else f"{device.name} is in no group.")
+    return redirect("devices")
+
+
+@staff_required
+@require_POST
 def device_enable(request, device_id: int):
     device = get_object_or_404(Device, pk=device_id)
     # Offline until its agent speaks again; a running agent reconnects by itself.

@@ -16,7 +16,14 @@ from webapp.jobs.rows import KIND_LABELS, METHOD_LABELS, comparison_rows, device
 FONT = 'system-ui, -apple-system, "Segoe UI", Roboto, sans-serif'
 ACCENT = "#2d5bd7"
 MUTED = "#5b6475"
-GRID = "#e3e6eb"
+# The figures sit on the page's card, light or dark (static/css/site.css): transparent backgrounds, greys that are
+# half-transparent, and the text in the page's own colour (static/js/figures.js sets it from the CSS; TEXT is the
+# light page's, for a figure drawn elsewhere). Side notes are the text colour at reduced opacity.
+TEXT = "#1d2330"
+GRID = "rgba(128, 128, 128, 0.28)"
+NEUTRAL_FILL = "rgba(128, 128, 128, 0.18)"
+NEUTRAL_LINE = "rgba(128, 128, 128, 0.6)"
+NOTE_OPACITY = 0.75
 BAD = "#c53030"
 
 KIND_COLORS = {
@@ -44,18 +51,24 @@ def _esc(name: str) -> str:
 
 
 def _layout(title: str, **extra: Any) -> dict:
-    """A plain layout in the site's look: system fonts, white background, light grid, legend on top."""
+    """A plain layout in the site's look: system fonts, transparent background, light grid; the title at the top left
+    and the legend at the bottom, each making room for itself (a legend that wraps on a phone covers neither the title
+    nor the plot; static/js/figures.js makes a long title smaller on a narrow screen rather than cut)."""
     base = {
-        "title": {"text": title, "x": 0, "xref": "paper", "xanchor": "left", "font": {"size": 16}},
+        "title": {
+            "text": title, "font": {"size": 16}, "automargin": True,  # the top margin makes room for it
+            "xref": "container", "x": 0, "xanchor": "left", "yref": "container", "y": 1, "yanchor": "top",
+            "pad": {"l": 14, "t": 12, "b": 6},
+        },
         "template": "none",
         "autosize": True,  # full width of its box; the height is the figure's own
-        "font": {"family": FONT, "size": 13, "color": "#1d2330"},
-        "paper_bgcolor": "#ffffff",
-        "plot_bgcolor": "#ffffff",
-        "margin": {"l": 70, "r": 20, "t": 60, "b": 55},
-        "legend": {"orientation": "h", "x": 0, "y": 1.0, "yanchor": "bottom", "xanchor": "left"},
+        "font": {"family": FONT, "size": 13, "color": TEXT},
+        "paper_bgcolor": "rgba(0, 0, 0, 0)",
+        "plot_bgcolor": "rgba(0, 0, 0, 0)",
+        "margin": {"l": 70, "r": 20, "t": 50, "b": 40},
+        "legend": {"orientation": "h", "x": 0, "xanchor": "left", "y": 0, "yanchor": "bottom", "yref": "container"},
         "hoverlabel": {"font": {"family": FONT}},
-    }
+    }  # fmt: skip
     base.update(extra)
     return base
 
@@ -122,7 +135,7 @@ def pipeline_figure(plan: Plan) -> dict:
                 "xanchor": "right",
                 "yanchor": "bottom",
                 "showarrow": False,
-                "font": {"color": MUTED},
+                "opacity": NOTE_OPACITY,
             }
         )
     method = METHOD_LABELS.get(plan.method, plan.method)
@@ -163,7 +176,10 @@ def _nice_step(total: int) -> float | None:
 
 
 def memory_figure(plan: Plan) -> dict:
-    """Predicted memory per device (GiB) in front of its usable capacity (memory − reserved)."""
+    """Predicted memory per device (GiB) in front of its usable capacity (memory − reserved).
+
+    The predicted bars are one trace per device kind, in the kind's colour, and one in red for the devices whose
+    prediction is over their usable memory: the legend names every colour the bars have."""
     rows = device_rows(plan)
     memory = plan.predicted.memory_bytes if plan.predicted else {}
     names = [r["device"] for r in rows]
@@ -175,34 +191,46 @@ def memory_figure(plan: Plan) -> dict:
         go.Bar(
             x=labels_x,
             y=capacity,
-            name="usable memory (capacity)",
-            marker={"color": "#e6e9ef", "line": {"color": "#b8bfcc", "width": 1}},
+            name="usable memory",
+            marker={"color": NEUTRAL_FILL, "line": {"color": NEUTRAL_LINE, "width": 1}},
             width=0.7,
             hovertemplate="%{x}: %{y:.2f} GiB usable<extra></extra>",
         )
     )
-    colors = [BAD if r["fits"] is False else KIND_COLORS.get(r["kind"], ACCENT) for r in rows]
-    labels = []
-    for r in rows:
-        if r["memory_gib"] is None:
-            labels.append("")
-        elif r["capacity_gib"]:
-            labels.append(f"{r['memory_gib']:.2f} GiB ({100 * r['memory_gib'] / r['capacity_gib']:.0f}%)")
+    groups: dict[str, list[int]] = {}  # legend entry -> the rows it draws, in the kinds' order of appearance
+    for i, r in enumerate(rows):
+        over = r["fits"] is False
+        groups.setdefault("over" if over else r["kind"], []).append(i)
+    if "over" in groups:
+        groups["over"] = groups.pop("over")  # last in the legend
+    for group, picked in groups.items():
+        if group == "over":
+            name, color = "predicted peak, over usable memory", BAD
         else:
-            labels.append(f"{r['memory_gib']:.2f} GiB")
-    fig.add_trace(
-        go.Bar(
-            x=labels_x,
-            y=[memory.get(n, 0) / GIB for n in names],
-            name="predicted peak memory",
-            marker={"color": colors},
-            width=0.4,
-            text=labels,
-            textposition="outside",
-            cliponaxis=False,
-            hovertemplate="%{x}: %{y:.3f} GiB predicted<extra></extra>",
+            name, color = f"predicted peak, {_esc(KIND_LABELS.get(group, group))}", KIND_COLORS.get(group, ACCENT)
+        labels = []
+        for i in picked:
+            r = rows[i]
+            if r["memory_gib"] is None:
+                labels.append("")
+            elif r["capacity_gib"]:
+                labels.append(f"{r['memory_gib']:.2f} GiB<br>{100 * r['memory_gib'] / r['capacity_gib']:.0f}%")
+            else:
+                labels.append(f"{r['memory_gib']:.2f} GiB")
+        fig.add_trace(
+            go.Bar(
+                x=[labels_x[i] for i in picked],
+                y=[memory.get(names[i], 0) / GIB for i in picked],
+                name=name,
+                marker={"color": color},
+                width=0.4,
+                text=labels,
+                textposition="outside",
+                cliponaxis=False,
+                hovertemplate="%{x}: %{y:.3f} GiB predicted<extra></extra>",
+                meta={"devices": [names[i] for i in picked]},
+            )
         )
-    )
     annotations = []
     if not memory:
         annotations.append(_note("no memory prediction for this plan"))
@@ -211,8 +239,8 @@ def memory_figure(plan: Plan) -> dict:
         **_layout(
             "Predicted memory per device against its usable memory",
             barmode="overlay",
-            height=380,
-            uniformtext={"minsize": 10, "mode": "show"},
+            height=400,
+            uniformtext={"minsize": 10, "mode": "hide"},  # a label wider than its bar is left out, never overlapped
             annotations=annotations,
             xaxis=_axis("device", categoryorder="array", categoryarray=labels_x, showgrid=False),
             yaxis=_axis("memory (GiB)", range=[0, top * 1.12]),
@@ -229,7 +257,8 @@ def _note(text: str) -> dict:
         "x": 0.5,
         "y": 0.5,
         "showarrow": False,
-        "font": {"color": MUTED, "size": 14},
+        "font": {"size": 14},
+        "opacity": NOTE_OPACITY,
     }
 
 
@@ -246,11 +275,12 @@ def comparison_figure(comparison: Mapping[str, Prediction | str]) -> dict:
         if r["method"] == "asteroid":
             speed = ""
         elif r["speedup"] is not None:
-            speed = f" · Asteroid {r['speedup']:.2f}× faster"
+            speed = f"Asteroid {r['speedup']:.2f}× faster"
         else:
             speed = ""
         fits = "" if r["fits"] else " · does not fit in memory"
-        texts.append(tp + speed + fits)
+        second = " · ".join(part for part in (speed, fits.removeprefix(" · ")) if part)
+        texts.append(tp + (f"<br>{second}" if second else ""))  # two short lines: room beside a short bar on a phone
         hovers.append(
             f"<b>{_esc(r['label'])}</b><br>{tp}<br>iteration {1000 * r['iteration_s']:.1f} ms"
             + (f"<br>Asteroid speedup {r['speedup']:.2f}×" if r["speedup"] is not None else "")
@@ -283,7 +313,8 @@ def comparison_figure(comparison: Mapping[str, Prediction | str]) -> dict:
             "yref": "y",
             "xanchor": "left",
             "showarrow": False,
-            "font": {"color": MUTED, "size": 12},
+            "font": {"size": 12},
+            "opacity": NOTE_OPACITY,
         }
         for r in rows
         if r["throughput"] is None
@@ -295,7 +326,7 @@ def comparison_figure(comparison: Mapping[str, Prediction | str]) -> dict:
             height=90 + 52 * max(len(rows), 1),
             showlegend=False,
             annotations=annotations,
-            xaxis=_axis("predicted throughput (samples/s)", range=[0, best * 1.05], rangemode="tozero"),
+            xaxis=_axis("predicted samples/s", range=[0, best * 1.05], rangemode="tozero"),
             yaxis=_axis("", categoryorder="array", categoryarray=labels, autorange="reversed", showgrid=False),
         )
     )

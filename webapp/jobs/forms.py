@@ -21,6 +21,7 @@ from webapp.lib.fields import number, whole_number
 
 MAX_BATCH = 4096
 MAX_ITERATIONS = 100_000
+MAX_DEVICES = 1024
 MAX_EPOCHS = 1000  # bounded so that epochs -> iterations stays a finite number (the iteration cap applies after)
 EVAL_SAMPLES = RunOptions().eval_samples  # what a job's evaluation scores at most, in whole batches
 
@@ -85,6 +86,13 @@ class JobForm(LabelForm):
         help_text="None ticked: every online, idle real board, else every emulated one (the two cannot share a run); "
         "when all are busy, the busy ones. A job launched on busy devices waits in line for them.",
     )
+    device_group = forms.ChoiceField(
+        choices=[], required=False, label="Or a group", help_text="Instead of ticking: the devices of this group."
+    )
+    device_count = whole_number(
+        1, MAX_DEVICES, required=False, label="At most N devices",
+        help_text="Instead of ticking: any N of them (of the group, if one is chosen), the fastest idle ones first.",
+    )  # fmt: skip
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -97,6 +105,8 @@ class JobForm(LabelForm):
         self.order_fields(
             ["model", "dataset", "batch_size", "iterations", "epochs", *settable(), "name", "tags", "note"]
         )
+        groups = sorted(set(Device.objects.exclude(group="").values_list("group", flat=True)))
+        self.fields["device_group"].choices = [("", "any"), *[(g, g) for g in groups]]
         self.fields["devices"].choices = [
             (d.name, f"{d.name} ({d.get_kind_display()}, {'emulated' if d.emulated else 'real board'}, {d.status})")
             for d in Device.objects.all()
@@ -161,15 +171,25 @@ class JobForm(LabelForm):
                 field = {"freeze": "freeze", "warm-up": "warmup", "lora": "lora_targets"}.get(first)
                 self.add_error(field, str(exc))
         names = data.get("devices") or []
+        if names and (data.get("device_group") or data.get("device_count")):
+            self.add_error("devices", "Tick devices, or ask for a group or a number of them, not both.")
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
             self.add_error("devices", f"Each device once: {', '.join(twice)} named more than once.")
         candidates = Device.objects.filter(name__in=names) if names else Device.objects.all()
+        if not names and data.get("device_group"):
+            candidates = candidates.filter(group=data["device_group"])
         try:
             unmixed(list(candidates) if names else [])
         except UserError as exc:
             self.add_error("devices", str(exc))
         ready = [d for d in candidates if d.in_service]  # a busy one too: launched, the job waits in line
+        count = data.get("device_count")
+        if count and not names and ready and count > len(ready):
+            self.add_error(
+                "device_count",
+                f"At most {len(ready)}: the devices online{' in the group' if data.get('device_group') else ''}.",
+            )
         lacking = [d for d in ready if dataset and not d.serves(dataset)]
         if lacking and (names or len(lacking) == len(ready)):  # a job plans only where its data is
             try:

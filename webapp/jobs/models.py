@@ -58,6 +58,8 @@ class Job(models.Model):
     # `option_values` fills in the defaults.
     options = models.JSONField(default=dict, blank=True)
     requested_devices = models.JSONField(default=list, blank=True, help_text="Names; empty: every online device.")
+    device_group = models.CharField(max_length=64, blank=True)  # instead of names: a group's devices ...
+    device_count = models.PositiveIntegerField(null=True, blank=True)  # ... or any N (webapp.jobs.planning)
     # Where it stands.
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED, db_index=True)
     queue_position = models.BigIntegerField(null=True, blank=True)  # a waiting job's place in line: lower first

@@ -21,20 +21,36 @@ from webapp.devices.models import Device
 Progress = Callable[[float, str], None]
 
 
-def pick_devices(requested: list[str], dataset: str = "synthetic") -> list[list[Device]]:
+def pick_devices(
+    requested: list[str], dataset: str = "synthetic", group: str = "", count: int | None = None
+) -> list[list[Device]]:
     """The sets of devices a job may be planned on, in order of preference; a UserError says what is wrong.
     Emulated and real boards cannot share a run: a job that names devices names one kind; one that names none
     is planned on the real boards that are online and idle, else (none, or they cannot hold the model) on the
     emulated ones; when every one is busy, on the busy ones (launched, the job waits in line for them). Named
-    devices may be busy. Only devices that have the `dataset`'s data (their agents say which) train on it."""
+    devices may be busy. Instead of names, a job may ask for a `group`'s devices, and for any `count` of them:
+    the idle ones first, the fastest first, then busy ones. Only devices that have the `dataset`'s data (their
+    agents say which) train on it."""
     if not requested:
-        devices = [d for d in Device.objects.all() if d.available] or [d for d in Device.objects.all() if d.in_service]
-        if not devices:
-            raise UserError("no device is online: start the device agents (make run starts emulated ones)")
-        devices = [d for d in devices if d.serves(dataset)] or no_data(devices, dataset)
-        real = [d for d in devices if not d.emulated]
-        emulated = [d for d in devices if d.emulated]
-        return [group for group in (real, emulated) if group]
+        where = f" in group {group}" if group else ""
+        pool = [d for d in Device.objects.all() if d.in_service and (not group or d.group == group)]
+        if not pool:
+            if group and not Device.objects.filter(group=group).exists():
+                raise UserError(f"no device is in group {group!r}")
+            raise UserError(f"no device{where} is online: start the device agents (make run starts emulated ones)")
+        pool = [d for d in pool if d.serves(dataset)] or no_data(pool, dataset)
+        kinds = [k for k in ([d for d in pool if not d.emulated], [d for d in pool if d.emulated]) if k]
+        if count:
+            enough = [
+                sorted(k, key=lambda d: (not d.available, -d.gflops, d.name))[:count] for k in kinds if len(k) >= count
+            ]
+            if not enough:
+                most = max(len(k) for k in kinds)
+                raise UserError(f"{count} devices asked for, but only {most} of one kind{where} are online with "
+                                f"{dataset} data: ask for at most {most}")  # fmt: skip
+            return enough
+        idle = [[d for d in k if d.available] for k in kinds]
+        return [k for k in idle if k] or kinds
     found = {d.name: d for d in Device.objects.filter(name__in=requested)}
     unknown = [n for n in requested if n not in found]
     if unknown:
@@ -50,14 +66,16 @@ def pick_devices(requested: list[str], dataset: str = "synthetic") -> list[list[
     return [devices]
 
 
-def passed_over(planned: list[Device], requested: list[str], dataset: str) -> dict[str, str]:
+def passed_over(
+    planned: list[Device], requested: list[str], dataset: str, group: str = "", count: int | None = None
+) -> dict[str, str]:
     """Why each registered device outside `planned` (the devices the job was planned on) was not given to the
-    planner; devices a job that names its own did not name are not listed."""
+    planner; devices a job that names its own (or a group) did not name are not listed."""
     names = {d.name for d in planned}
     emulated = bool(planned) and planned[0].emulated
     out = {}
     for d in Device.objects.all():
-        if d.name in names or (requested and d.name not in requested):
+        if d.name in names or (requested and d.name not in requested) or (group and d.group != group):
             continue
         if not d.in_service:
             out[d.name] = f"{d.status}: its agent is not connected" if d.status == "offline" else f"{d.status}"
@@ -66,6 +84,8 @@ def passed_over(planned: list[Device], requested: list[str], dataset: str) -> di
         elif d.emulated != emulated:
             kind = "emulated" if d.emulated else "a real board"
             out[d.name] = f"{kind}: emulated and real boards cannot share a run"
+        elif count:
+            out[d.name] = f"not among the {count} devices asked for (the idle ones first, the fastest first)"
         elif not d.available:
             out[d.name] = f"busy with job {d.job_id}: the job was planned on the idle devices"
     return out

@@ -16,7 +16,8 @@ def request_of(job: Job) -> dict:
     """A job's settings as the job form takes them (to run it again, or to re-plan it)."""
     from webapp.catalog.models import name_of
 
-    return {**{k: getattr(job, k) for k in REQUEST}, **job.option_values, "model": name_of(job.model)}
+    return {**{k: getattr(job, k) for k in REQUEST}, **job.option_values, "model": name_of(job.model),
+            "device_group": job.device_group, "device_count": job.device_count}  # fmt: skip
 
 
 def visible_jobs(user):
@@ -41,6 +42,7 @@ def submit(user, data: dict, job: Job | None = None) -> Job:
     fields = {k: data[k] for k in REQUEST}
     fields["options"] = {name: data[name] for name in settable() if name in data}
     fields["requested_devices"] = list(data.get("devices") or [])
+    fields["device_group"], fields["device_count"] = data.get("device_group") or "", data.get("device_count")
     if job is None:
         job = Job.objects.create(owner=user, **fields)
     else:
