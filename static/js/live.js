@@ -107,14 +107,20 @@
     return typeof value === 'number' && isFinite(value);
   }
 
+  // The page's text colour (light or dark, as static/css/site.css follows the system): the charts' text takes it
+  // and their backgrounds are transparent, so they read in dark mode too.
+  function textColour() {
+    return (root && getComputedStyle(root).color) || '#1d2330';
+  }
+
   function baseLayout(extra) {
     return Object.assign(
       {
         template: 'none',
         autosize: true, // fill the chart box (its height comes from the CSS)
-        font: { family: FONT, size: 13, color: '#1d2330' },
-        paper_bgcolor: '#ffffff',
-        plot_bgcolor: '#ffffff',
+        font: { family: FONT, size: 13, color: textColour() },
+        paper_bgcolor: 'rgba(0,0,0,0)',
+        plot_bgcolor: 'rgba(0,0,0,0)',
         margin: { l: 70, r: 20, t: 30, b: 50 },
         legend: { orientation: 'h', x: 0, y: 1.0, xanchor: 'left', yanchor: 'bottom' },
         hoverlabel: { font: { family: FONT } },
