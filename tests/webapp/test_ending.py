@@ -70,3 +70,19 @@ def test_the_health_check_frees_devices_held_by_a_finished_job_or_by_none(job, b
     assert freed(other) == {"nano-0": ("offline", None)}
     assert Device.objects.get(name="nano-1").status == "online" and Device.objects.get(name="nano-1").job is None
     assert Device.objects.get(name="tx2-1").status == "busy" and Device.objects.get(name="tx2-1").job_id == busy.pk
+
+
+def test_a_failure_reason_replaced_later_reaches_the_pages_too(bob, monkeypatch):
+    """Issue 52, defect 7: a second device's own failure replaced the stored reason, but the pages kept the first."""
+    from webapp.jobs import notify
+
+    sent = []
+    monkeypatch.setattr(notify, "try_group_send", lambda group, kind, message: sent.append(message))
+    device, _ = enrolled()
+    job = running_job(bob, [device])
+    fail(job, "tx2-0 stopped while starting: its peer is gone")
+    fail(Job.objects.get(pk=job.pk), "device tx2-0 failed while starting: CIFAR-10 not found", overrule=True)
+    statuses = [m for m in sent if m.get("type") == "status"]
+    assert statuses[-1]["message"] == Job.objects.get(pk=job.pk).message == (
+        "device tx2-0 failed while starting: CIFAR-10 not found"
+    )

@@ -87,6 +87,8 @@ def fail(job: Job, message: str, overrule: bool = False) -> None:
         alert(job, "failed", message)
     elif overrule and job.status == Job.Status.FAILED:
         Job.objects.filter(pk=job.pk).update(message=message)
+        # the pages show the reason the job keeps (issue 52: the socket named one device, the stored message another)
+        notify(job.pk, {"type": "status", "status": job.status, "progress": job.progress, "message": message})
         job_log(job, message, "error")
 
 
