@@ -76,10 +76,13 @@ def _store_round(waiting: deque) -> tuple[list, list, list]:
             taken.append(item)
     try:
         store_heard([device.pk for device, _, _ in beats])
-        health.store([(device, msg) for device, msg, _ in beats])  # each board's CPU, memory, GPU, ... over time
         noted = [None] * len(beats)
     except Exception as exc:
         noted = [exc] * len(beats)
+    try:  # each board's CPU, memory, GPU, ... over time: a sample lost (a job deleted meanwhile) costs no heartbeat
+        health.store([(device, msg) for device, msg, _ in beats])
+    except Exception as exc:
+        log.warning("could not store %d devices' health samples: %s", len(beats), exc)
     results, frames = [], []
     try:
         if taken:
