@@ -83,6 +83,8 @@ def test_a_failure_reason_replaced_later_reaches_the_pages_too(bob, monkeypatch)
     fail(job, "tx2-0 stopped while starting: its peer is gone")
     fail(Job.objects.get(pk=job.pk), "device tx2-0 failed while starting: CIFAR-10 not found", overrule=True)
     statuses = [m for m in sent if m.get("type") == "status"]
-    assert statuses[-1]["message"] == Job.objects.get(pk=job.pk).message == (
-        "device tx2-0 failed while starting: CIFAR-10 not found"
+    assert (
+        statuses[-1]["message"]
+        == Job.objects.get(pk=job.pk).message
+        == ("device tx2-0 failed while starting: CIFAR-10 not found")
     )
