@@ -110,7 +110,8 @@
   // The page's text colour (light or dark, as static/css/site.css follows the system): the charts' text takes it
   // and their backgrounds are transparent, so they read in dark mode too.
   function textColour() {
-    return (root && getComputedStyle(root).color) || '#1d2330';
+    const style = root && typeof getComputedStyle === 'function' ? getComputedStyle(root) : null;
+    return (style && style.color) || '#1d2330';
   }
 
   function baseLayout(extra) {
