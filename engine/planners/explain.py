@@ -36,10 +36,10 @@ def left_out(plan: Plan, w: Workload) -> dict[str, str]:
         peers = ", ".join(s.name for s in plan.stages[p].devices)
         with_it, without = best.expected_throughput, base.expected_throughput
         if with_it >= without * (1 - 1e-9):
-            out[dev.name] = (f"adding it to stage {p + 1} (beside {peers}) gains nothing: {with_it:.1f} samples/s "
+            out[dev.name] = (f"adding it to stage {p} (beside {peers}) gains nothing: {with_it:.1f} samples/s "
                              "predicted either way")  # fmt: skip
         else:
-            out[dev.name] = (f"with it in stage {p + 1} (beside {peers}), its best place, the plan would predict "
+            out[dev.name] = (f"with it in stage {p} (beside {peers}), its best place, the plan would predict "
                              f"{with_it:.1f} samples/s against {without:.1f} without it: "
                              f"{_why(plan, w, p, dev.name)}")  # fmt: skip
     return out

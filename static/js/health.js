@@ -10,7 +10,7 @@
 
   function draw(doc) {
     if (summary) summary.textContent = doc.summary || '';
-    div.setAttribute('aria-label', 'Chart of the devices\' health. ' + (doc.summary || ''));
+    div.setAttribute('aria-label', 'Line chart of each device\'s CPU, memory and GPU use over the job. ' + (doc.summary || ''));
     if (typeof window.Plotly === 'undefined' || !doc.figure || !doc.samples) return;
     div.hidden = false;
     const layout = Object.assign({}, doc.figure.layout, { font: { color: getComputedStyle(div).color || undefined } });

@@ -157,6 +157,8 @@
   function applyStatus(status, message) {
     if (!status) return;
     showStatus(status, message);
+    const place = $('place-in-line'); // a job that waited in line: out of it once it starts (or ends)
+    if (place && status !== 'waiting') place.hidden = true;
     if (FINISHED.indexOf(status) >= 0) markFinished(status);
   }
 
@@ -966,7 +968,7 @@
       console.warn('live.js: #live has no data-ws-url');
       return;
     }
-    showProgress();
+    // (no showProgress here: the page came with the site's count, which the socket's snapshot replaces)
     drawLineCharts();
     drawGantt();
     fetchPlanned();

@@ -17,7 +17,7 @@ def test_a_slow_board_on_a_slow_link_is_said_to_cost_more_than_it_brings():
     plan = make_plan("mobilenetv2", c, 32, 2, [(0, w.num_layers, [("nx-0", 8), ("nx-1", 8)])])
     why = left_out(plan, w)
     assert list(why) == ["slow-0"]
-    assert why["slow-0"].startswith("with it in stage 1 (beside nx-0, nx-1), its best place, the plan would predict ")
+    assert why["slow-0"].startswith("with it in stage 0 (beside nx-0, nx-1), its best place, the plan would predict ")
     assert "slower than the stage's fastest device" in why["slow-0"] and "all-reduce would take" in why["slow-0"]
     trial = with_device(plan, w, 0, "slow-0")
     assert [s.name for s in trial.stages[0].devices] == ["nx-0", "nx-1", "slow-0"]

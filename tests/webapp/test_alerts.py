@@ -86,3 +86,17 @@ def test_kinds_not_ticked_send_nothing_and_a_dead_webhook_is_one_warning(
     warnings = [r.getMessage() for r in caplog.records if r.name == "webapp.jobs.alerts"]
     assert len(warnings) == 1 and "webhook http://127.0.0.1:9/nowhere failed" in warnings[0]
     assert not [r for r in caplog.records if r.exc_info]
+
+
+def test_without_a_mail_server_an_alert_is_one_info_line_of_the_log(bob, caplog, settings):
+    import logging
+
+    from webapp.jobs.alerts import deliver
+
+    settings.EMAIL_BACKEND = "webapp.lib.logmail.LogBackend"  # the site's default when DJANGO_EMAIL_HOST is unset
+    AlertSettings.objects.create(user=bob, email=True, kinds=["failed"])
+    job = running(bob)
+    caplog.set_level(logging.INFO, logger="webapp.lib.logmail")
+    assert deliver(job.pk, "failed", "lost") == ["email"]
+    (line,) = [r for r in caplog.records if r.name == "webapp.lib.logmail"]
+    assert line.levelname == "INFO" and line.getMessage().startswith("e-mail (no mail server set) to bob@example.com")

@@ -83,3 +83,9 @@ def test_jobs_as_csv_from_the_list_and_from_the_compared(bob, carol):
     assert first["measured_samples_s"] == "12.5" and first["done_iterations"] == "5" and first["optimizer"] == "sgd"
     compared = client.get("/jobs/compare/", {"jobs": [a.pk, b.pk], "format": "csv"})
     assert [r["job"] for r in csv.DictReader(io.StringIO(compared.content.decode()))] == [str(a.pk), str(b.pk)]
+    one = client.get("/jobs/compare/", {"jobs": [b.pk], "format": "csv"})  # any number ticked, for CSV
+    assert [r["job"] for r in csv.DictReader(io.StringIO(one.content.decode()))] == [str(b.pk)]
+    # free text that a spreadsheet would run as a formula is written as text
+    Job.objects.filter(pk=b.pk).update(note='=HYPERLINK("http://evil")', name="@SUM(1+1)")
+    row = next(csv.DictReader(io.StringIO(client.get("/jobs/", {"format": "csv", "q": "SUM"}).content.decode())))
+    assert row["name"] == "'@SUM(1+1)" and row["note"] == '\'=HYPERLINK("http://evil")'

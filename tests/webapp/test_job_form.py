@@ -121,6 +121,11 @@ def test_the_form_says_which_boards_are_emulated_and_refuses_a_mix_or_a_device_n
     ]
     form = JobForm({**base, "devices": ["nx-0", "nx-0"]})
     assert form.errors["devices"] == ["Each device once: nx-0 named more than once."]
+    Device.objects.filter(name="tx2-1").update(status=Device.Status.DISABLED)  # found trying it: planned, then failed
+    form = JobForm({**base, "devices": ["nx-0", "tx2-1"]})
+    assert form.errors["devices"] == [
+        "Not online: tx2-1 (disabled). Untick it; staff enable a disabled or failed device on the devices page."
+    ]
     assert JobForm({**base, "devices": ["nx-0", "tx2-0"]}).is_valid()
 
 

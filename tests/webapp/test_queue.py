@@ -55,21 +55,18 @@ def test_a_job_on_busy_devices_waits_in_line_and_starts_when_they_are_free(
 
 def test_a_job_never_overtakes_an_earlier_one_waiting_for_the_same_device(cluster_c, bob):
     running = planned_on(bob, ["nx-0"])
-    queue_jobs = [planned_on(bob, ["nx-0", "tx2-0"]), planned_on(bob, ["tx2-0"])]
+    first, second = planned_on(bob, ["nx-0", "tx2-0"]), planned_on(bob, ["tx2-0"])
     api(bob, f"/api/jobs/{running.pk}/launch/")
-    assert api(bob, f"/api/jobs/{queue_jobs[0].pk}/launch/").status_code == 202
-    assert api(bob, f"/api/jobs/{queue_jobs[1].pk}/launch/").status_code == 200  # tx2-0 is idle: it runs now
-    # a fourth one on tx2-1 and nx-0 waits behind the first, which keeps nx-0 promised
-    fourth = planned_on(bob, ["tx2-1"])
-    api(bob, f"/api/jobs/{fourth.pk}/launch/")
-    assert Job.objects.get(pk=fourth.pk).status == "running"
+    assert api(bob, f"/api/jobs/{first.pk}/launch/").status_code == 202
+    assert api(bob, f"/api/jobs/{second.pk}/launch/").status_code == 202  # tx2-0 is idle, but the first waits for it
+    other = planned_on(bob, ["tx2-1"])  # a device nobody in line waits for: it runs now
+    assert api(bob, f"/api/jobs/{other.pk}/launch/").status_code == 200
     Job.objects.filter(pk=running.pk).update(status="completed")  # its end cut short: the health check frees nx-0
-    health_check()
-    waiting = Job.objects.get(pk=queue_jobs[0].pk)
-    assert waiting.status == "waiting"  # tx2-0 is still busy with the second
-    assert waiting.message == f"waiting in line for tx2-0 (busy with job {queue_jobs[1].pk})"
-    Job.objects.filter(pk=queue_jobs[1].pk).update(status="completed")
-    assert health_check()["started"] == 1 and Job.objects.get(pk=queue_jobs[0].pk).status == "running"
+    assert health_check()["started"] == 1 and Job.objects.get(pk=first.pk).status == "running"
+    waiting = Job.objects.get(pk=second.pk)
+    assert waiting.status == "waiting" and waiting.message == f"waiting in line for tx2-0 (busy with job {first.pk})"
+    Job.objects.filter(pk=first.pk).update(status="completed")
+    assert health_check()["started"] == 1 and Job.objects.get(pk=second.pk).status == "running"
 
 
 def test_a_waiting_job_is_cancelled_out_of_the_line_and_the_list_shows_the_line(cluster_c, bob, carol):
@@ -81,6 +78,8 @@ def test_a_waiting_job_is_cancelled_out_of_the_line_and_the_list_shows_the_line(
     assert f"Job {waiting.pk} is 1st in line: waiting in line for nx-0 (busy with job {running.pk})" in page
     listing = client.get("/jobs/").content.decode()
     assert 'id="waiting"' in listing and "(1 in line)" in listing
+    assert "1st in line for its devices." in client.get(f"/jobs/{waiting.pk}/").content.decode()  # and a Cancel
+    assert "Its place in line: 1" in client.get(f"/jobs/{waiting.pk}/live/").content.decode()
     other = Client()
     other.force_login(carol)
     assert 'id="waiting"' not in other.get("/jobs/").content.decode()  # not hers
@@ -120,3 +119,16 @@ def test_a_job_asks_for_a_group_or_any_n_devices_instead_of_names(cluster_c, bob
     job = Job.objects.get(pk=doc["id"])
     assert job.status == "planned" and job.device_count == 2 and len(job.plan_object.cluster.devices) == 2
     assert job.left_out["nano-0"] == "not among the 2 devices asked for (the idle ones first, the fastest first)"
+
+
+def test_a_job_launched_later_does_not_take_an_idle_device_a_job_in_line_waits_for(cluster_c, bob):
+    """Found trying it: Z waited for tx2-1 (busy) and nano-0 (idle); W, launched later on nano-0 alone, started."""
+    x, z, w = planned_on(bob, ["tx2-1"]), planned_on(bob, ["tx2-1", "nano-0"]), planned_on(bob, ["nano-0"])
+    api(bob, f"/api/jobs/{x.pk}/launch/")
+    assert api(bob, f"/api/jobs/{z.pk}/launch/").status_code == 202
+    doc = api(bob, f"/api/jobs/{w.pk}/launch/").json()
+    assert doc["status"] == "waiting" and doc["message"] == "waiting in line for nano-0 (promised to a job ahead)"
+    Job.objects.filter(pk=x.pk).update(status="completed")
+    health_check()  # x's end frees tx2-1: z starts first, then w waits for nano-0, busy with z
+    assert Job.objects.get(pk=z.pk).status == "running"
+    assert Job.objects.get(pk=w.pk).message == f"waiting in line for nano-0 (busy with job {z.pk})"

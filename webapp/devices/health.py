@@ -93,12 +93,12 @@ def job_figure(job) -> dict:
             data.append({"type": "scatter", "mode": "lines", "name": f"{name} {label}", "x": x, "y": y,
                          "legendgroup": name, "line": {"color": colour, "dash": dash, "width": 1.5}})  # fmt: skip
     layout = {
-        "title": {"text": "Devices' health during the job (% of each board: CPU solid, memory dotted, GPU dashed)"},
-        "xaxis": {"title": {"text": "seconds since the job started"}},
-        "yaxis": {"title": {"text": "%"}, "range": [0, 100]},
+        "title": {"text": "CPU (solid), memory (dotted), GPU (dashed), %"},
+        "xaxis": {"title": {"text": "seconds since the job started"}, "gridcolor": "rgba(128,128,128,0.25)"},
+        "yaxis": {"title": {"text": "%"}, "range": [0, 100], "gridcolor": "rgba(128,128,128,0.25)"},
         "paper_bgcolor": "rgba(0,0,0,0)", "plot_bgcolor": "rgba(0,0,0,0)",
-        "margin": {"t": 50, "r": 10, "b": 45, "l": 45}, "height": 300,
-        "legend": {"orientation": "h", "y": -0.25},
+        "margin": {"t": 50, "r": 10, "b": 40, "l": 45}, "height": 340,
+        "legend": {"orientation": "h", "y": -0.3, "yanchor": "top"},  # below the axis title, not over it
     }  # fmt: skip
     latest = []
     for name, rows in sorted(by_device.items()):

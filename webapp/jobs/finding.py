@@ -69,16 +69,23 @@ def as_csv(jobs, filename: str) -> HttpResponse:
         loss = (job.latest or {}).get("loss")
         values = job.option_values
         writer.writerow([
-            job.pk, job.name, "; ".join(job.tag_list), job.owner.get_username(), job.model_label, job.dataset,
+            job.pk, _text(job.name), _text("; ".join(job.tag_list)), _text(job.owner.get_username()),
+            _text(job.model_label), job.dataset,
             job.status, job.batch_size, job.iterations, job.done_iterations, len(job.device_names),
             plan.method if plan else "", _num(job.predicted_throughput), _num(job.measured), _num(loss),
             _num(held.get("loss")), _num(held.get("accuracy")), _num(held.get("perplexity")), job.compression,
             job.bandwidth_mbps, *[values[o] for o in options], _time(job.created_at), _time(job.started_at),
-            _time(job.finished_at), job.note,
+            _time(job.finished_at), _text(job.note),
         ])  # fmt: skip
     response = HttpResponse(out.getvalue(), content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="{filename}"'
     return response
+
+
+def _text(value: str) -> str:
+    """Free text as a spreadsheet takes it as text: a cell starting with = + - @ (or a tab, a return) would be a
+    formula (CSV injection), so it gets a leading apostrophe."""
+    return f"'{value}" if value[:1] in ("=", "+", "-", "@", "\t", "\r") else value
 
 
 def _num(value) -> str:

@@ -184,6 +184,12 @@ class JobForm(LabelForm):
         except UserError as exc:
             self.add_error("devices", str(exc))
         ready = [d for d in candidates if d.in_service]  # a busy one too: launched, the job waits in line
+        out = [d for d in candidates if names and not d.in_service]
+        if out and ready:  # (none online at all: said below)
+            what = ", ".join(f"{d.name} ({d.status})" for d in out)
+            staff = any(d.status != "offline" for d in out)  # disabled or failed: staff enable it
+            hint = "; staff enable a disabled or failed device on the devices page" if staff else ""
+            self.add_error("devices", f"Not online: {what}. Untick {'them' if len(out) > 1 else 'it'}{hint}.")
         count = data.get("device_count")
         if count and not names and ready and count > len(ready):
             self.add_error(

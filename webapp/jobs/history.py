@@ -109,11 +109,11 @@ def job_compare(request):
         return redirect("jobs")
     ids = [i for i in ids if 0 < i <= MAX_INT]  # no job has a number past the database's bigint: unknown ones
     jobs = list(visible_jobs(request.user).filter(pk__in=ids).order_by("pk"))
+    if request.GET.get("format") == "csv" and jobs:  # any number of ticked jobs as CSV
+        return finding.as_csv(jobs[: finding.CSV_AT_MOST], f"asteroid-jobs-{jobs[0].pk}-{len(jobs)}.csv")
     if len(jobs) < 2 or len(jobs) > COMPARED_AT_MOST:
-        messages.error(request, f"Tick 2 to {COMPARED_AT_MOST} of your jobs to compare them.")
+        messages.error(request, f"Tick 2 to {COMPARED_AT_MOST} jobs to compare them (or any number for CSV).")
         return redirect("jobs")
-    if request.GET.get("format") == "csv":
-        return finding.as_csv(jobs, f"asteroid-jobs-{'-'.join(str(j.pk) for j in jobs)}.csv")
     series, rows = [], []
     for job in jobs:
         its = _iterations(job)

@@ -45,6 +45,8 @@ def launch(job: Job) -> bool:
         emulated = {devices[n].emulated for n in names}
         if len(emulated) > 1:
             raise LaunchError("the plan mixes emulated and real devices, which cannot share a run; re-plan")
+        if job.status == Job.Status.PLANNED:  # an idle device an earlier job in line waits for is not taken
+            busy += [devices[n] for n in names if devices[n] not in busy and n in queue.promised()]
         if busy:
             if job.status == Job.Status.PLANNED and not queue.enqueue(job, busy):
                 job.refresh_from_db()
@@ -70,7 +72,8 @@ def launch(job: Job) -> bool:
     for row in rows:
         notify(job.pk, {"type": "device", "device": row.name, "state": row.state})
         tell_agent(row.device_id, _assignment(job, row, options))
-    job_log(job, f"launched on {len(rows)} devices ({', '.join(names)}); waiting for their agents to accept")
+    devices_word = "device" if len(rows) == 1 else "devices"
+    job_log(job, f"launched on {len(rows)} {devices_word} ({', '.join(names)}); waiting for their agents to accept")
     return True
 
 
@@ -111,4 +114,5 @@ def accepted(device: Device, job_id: int) -> None:
         return  # another agent's acceptance already started it
     training = {"type": "status", "status": Job.Status.RUNNING, "progress": row.job.progress, "message": "training"}
     notify(job_id, training)  # the page's "waiting for the devices to accept" ends here
-    job_log(row.job, f"all {len(rows)} devices accepted; the coordinator starts their device processes")
+    said = "its device accepted" if len(rows) == 1 else f"all {len(rows)} devices accepted"
+    job_log(row.job, f"{said}; the coordinator starts their device processes")

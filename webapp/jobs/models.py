@@ -238,6 +238,9 @@ class Job(models.Model):
             "devices": self.device_names or self.requested_devices,
             "status": self.status,
             "place_in_line": self.place_in_line,  # waiting for busy devices: 1 is next (webapp/jobs/queue.py)
+            "device_group": self.device_group,
+            "device_count": self.device_count,
+            "left_out": self.left_out,  # {device: why the plan does without it}
             "progress": self.progress,
             "message": self.message,
             "plan": self.plan,

@@ -57,7 +57,10 @@ def pick_devices(
         raise UserError(f"unknown device(s): {', '.join(unknown)}")
     out = [f"{d.name} ({d.status})" for d in found.values() if not d.in_service]
     if out:
-        raise UserError(f"not online: {', '.join(out)}; pick other devices or start their agents")
+        raise UserError(
+            f"not online: {', '.join(out)}; pick other devices, or start their agents (staff enable a "
+            "disabled or failed one on the devices page)"
+        )
     devices = [found[n] for n in requested]
     unmixed(devices)
     lacking = [d for d in devices if not d.serves(dataset)]

@@ -22,7 +22,7 @@ def enqueue(job: Job, busy: list[Device]) -> bool:
     """Put a planned job in line for its `busy` devices; False when it is no longer planned."""
     with transaction.atomic():
         last = Job.objects.filter(status=Job.Status.WAITING).aggregate(m=Max("queue_position"))["m"]
-        message = "waiting in line for " + ", ".join(f"{d.name} (busy with job {d.job_id})" for d in busy)
+        message = "waiting in line for " + ", ".join(_why(d) for d in busy)
         if not Job.objects.filter(pk=job.pk, status=Job.Status.PLANNED).update(
             status=Job.Status.WAITING, queue_position=(last or 0) + 1, message=message
         ):
@@ -31,6 +31,11 @@ def enqueue(job: Job, busy: list[Device]) -> bool:
     notify(job.pk, {"type": "status", "status": job.status, "progress": None, "message": message})
     job_log(job, f"{message}; it starts when they are free ({ordinal(job.place_in_line)} in line)")
     return True
+
+
+def promised() -> set[str]:
+    """The devices the jobs in line wait for: a job launched later does not take them, even idle."""
+    return {name for job in waiting() for name in job.device_names}
 
 
 def waiting() -> list[Job]:
@@ -60,6 +65,14 @@ def advance() -> list[int]:
         _say_why(job, held, gone, names & wanted)
         wanted |= names
     return started
+
+
+def _why(device: Device) -> str:
+    return (
+        f"{device.name} (busy with job {device.job_id})"
+        if device.job_id
+        else f"{device.name} (promised to a job ahead)"
+    )
 
 
 def _say_why(job: Job, held: list[Device], gone: list[str], ahead: set[str]) -> None:

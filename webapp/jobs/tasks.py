@@ -13,6 +13,7 @@ from engine.errors import UserError
 from webapp.devices import health, liveness
 from webapp.devices.models import Device
 from webapp.jobs import planlease, queue
+from webapp.jobs.alerts import alert
 from webapp.jobs.ending import device_lost, fail, free_stranded
 from webapp.jobs.models import Job, JobDevice
 from webapp.jobs.notify import job_log
@@ -44,6 +45,7 @@ def plan_job(job_id: int) -> str:
             except UserError as exc:
                 planlease.report(job, owner, Job.Status.FAILED, str(exc), None, finished_at=timezone.now())
                 job_log(job, f"cannot plan: {exc}", "error")
+                alert(job, "failed", f"cannot plan: {exc}")
                 return "failed"
             except planlease.Lost:
                 raise
