@@ -246,9 +246,7 @@ EMAIL_HOST_USER = env_str("DJANGO_EMAIL_HOST_USER", "")
 EMAIL_HOST_PASSWORD = env_str("DJANGO_EMAIL_HOST_PASSWORD", "")
 EMAIL_USE_TLS = env_bool("DJANGO_EMAIL_USE_TLS", False)
 DEFAULT_FROM_EMAIL = env_str("DJANGO_DEFAULT_FROM_EMAIL", "asteroid@localhost")
-EMAIL_BACKEND = (
-    "django.core.mail.backends.smtp.EmailBackend" if EMAIL_HOST else "webapp.lib.logmail.LogBackend"
-)
+EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend" if EMAIL_HOST else "webapp.lib.logmail.LogBackend"
 X_FRAME_OPTIONS = "DENY"
 
 LOGGING = {
@@ -258,5 +256,10 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": env_str("ASTEROID_LOG_LEVEL", "INFO").upper()},
     # Django's own console handler (under DEBUG) printed each line a second time beside the root's
-    "loggers": {"django": {"handlers": [], "propagate": True}, "django.request": {"filters": ["refusals"]}},
+    "loggers": {
+        "django": {"handlers": [], "propagate": True},
+        "django.request": {"filters": ["refusals"]},
+        # the e-mails of a site without a mail server, shown even by the Celery worker that logs at WARNING
+        "webapp.lib.logmail": {"level": "INFO"},
+    },
 }
