@@ -298,8 +298,8 @@ class Connection:
         elif kind == "kill":
             try:
                 self.runner.kill(msg.get("job"))
-            except UserError as exc:
-                log.warning("cannot kill: %s", exc)
+            except UserError as exc:  # gone already: a lost device's coordinator makes sure, after a staff kill too
+                log.info("nothing to kill: %s", exc)
         elif kind == "error" and "unknown message type 'clock'" in str(msg.get("message")):
             if not self._clock_unanswered:
                 log.info("the site does not answer clock probes; device times stay in this host's clock")
