@@ -29,7 +29,7 @@ def ids(page) -> list[int]:
 
 def test_a_job_is_named_tagged_and_noted_through_the_api_and_later_on_its_page(bob, carol, cluster_c):
     client = logged_in(bob)
-    body = {"model": "mobilenetv2", "iterations": 2, "name": "baseline", "tags": ["lr-sweep", " a100 ", "lr-sweep"],
+    body = {"model": "mobilenetv2", "iterations": 2, "name": "baseline", "tags": ["lr-sweep", " a100 ", "LR-Sweep"],
             "note": "the first try"}  # fmt: skip
     doc = client.post("/api/jobs/", body, content_type="application/json").json()
     assert doc["name"] == "baseline" and doc["tags"] == ["lr-sweep", "a100"] and doc["note"] == "the first try"

@@ -101,3 +101,16 @@ def test_a_page_that_is_not_there_is_the_sites_404_even_under_debug(client, bob,
     assert client.get("/jobs?page=2")["Location"] == "/jobs/?page=2"  # a missing slash still finds the page
     assert client.post(f"/jobs/{job.pk}/cancel").status_code == 404  # (a form's body is not redirected away)
     assert client.get("/api/nowhere/").json()["error"].startswith("no API endpoint")  # the API's stay JSON
+
+
+def test_a_page_asked_with_the_wrong_method_says_which_it_takes(client, bob):
+    """Found trying it: GET on a POST-only page answered an empty 405."""
+    client.force_login(bob)
+    page = client.get("/jobs/1/archive/")
+    text = page.content.decode()
+    assert page.status_code == 405 and page["Allow"] == "POST"
+    assert (
+        "<h1>Not allowed</h1>" in text
+        and "/jobs/1/archive/ takes POST (a button on the site&#x27;s pages), not GET" in text
+    )
+    assert client.get("/api/jobs/1/launch/").json()["error"].startswith("GET is not allowed here")  # the API's JSON

@@ -1,5 +1,6 @@
-"""The site's own "not found" page, DEBUG or not: a page's 404 says what was not found (another user's job is
-"no job 7 of yours") and never shows Django's debug page, which lists every URL pattern of the site."""
+"""The site's own "not found" page (and one for a request of the wrong method), DEBUG or not: a page's 404 says
+what was not found (another user's job is "no job 7 of yours") and never shows Django's debug page, which lists
+every URL pattern of the site."""
 
 from __future__ import annotations
 
@@ -39,7 +40,15 @@ class PageErrors:
         self.get_response = get_response
 
     def __call__(self, request):
-        return self.get_response(request)
+        response = self.get_response(request)
+        if response.status_code == 405 and not response.content and not request.path.startswith(PREFIX):
+            allowed = response.get("Allow", "")  # Django's bare 405 (require_POST): a page that says what to do
+            takes = allowed.replace(", ", " or ")
+            reason = f"{request.path} takes {takes} (a button on the site's pages), not {request.method}"
+            page = render(request, "404.html", {"reason": reason, "title": "Not allowed"}, status=405)
+            page["Allow"] = allowed
+            return page
+        return response
 
     def process_exception(self, request, exc):
         if isinstance(exc, Http404) and not request.path.startswith(PREFIX):

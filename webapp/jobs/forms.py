@@ -38,7 +38,11 @@ class LabelForm(forms.Form):
     note = forms.CharField(max_length=5000, required=False, widget=forms.Textarea(attrs={"rows": 2}))
 
     def clean_tags(self) -> str:
-        tags = list(dict.fromkeys(t.strip() for t in self.cleaned_data["tags"].split(",") if t.strip()))
+        given = [t.strip() for t in self.cleaned_data["tags"].split(",") if t.strip()]
+        first: dict[str, str] = {}
+        for tag in given:  # "X" and "x" are one tag: the first spelling
+            first.setdefault(tag.lower(), tag)
+        tags = list(first.values())
         bad = [t for t in tags if not TAG.fullmatch(t)]
         if bad:
             raise forms.ValidationError(
