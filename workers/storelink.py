@@ -6,16 +6,23 @@ it belongs to a job by answering a challenge with the job's secret, which the jo
 agents' authenticated sockets (the coordinated `start` message); then its bytes are piped to the job's store.
 On the board, the agent runs a `Relay` per run on its own loopback: the device process's store clients (torch's
 own, which cannot authenticate) connect to it, and it opens an authenticated connection to the gateway for each.
+It carries only connections of its own process tree (workers/peers.py): another local user's process is refused.
 
-    gateway = Gateway("192.168.1.10", 8001); gateway.start()    # the site's coordinators process
-    secret = gateway.open(job_id, store_port)                   # the job's store on 127.0.0.1:store_port
-    relay = Relay("192.168.1.10", 8001, job_id, secret); port = relay.start()   # the agent: 127.0.0.1:port
+    gateway = Gateway("192.168.1.10", 8001, tls); gateway.start()   # the site's coordinators process
+    secret = gateway.open(job_id, store_port)                        # the job's store on 127.0.0.1:store_port
+    gateway.admit(job_id, serial)                                    # a board certificate of the job (TLS)
+    relay = Relay("192.168.1.10", 8001, job_id, secret, tls); port = relay.start()   # the agent: 127.0.0.1:port
     relay.stop(); gateway.close(job_id); gateway.stop()
+
+With `tls` (the site serves TLS: engine/tls.py) the connection is mutual TLS first: the gateway shows the site's
+certificate, the board its own, and the gateway takes only a board certificate `admit`ted for the job, so the
+store's bytes are encrypted and a byte injected on the path ends the connection. Without it (a site on loopback,
+or one whose administrator chose plain HTTP) the secret's challenge alone guards the store.
 
 Handshake, one line each way before any store byte: the gateway sends `ASTEROID-STORE 1 <nonce>`, the relay
 answers `<job> <hmac-sha256(secret, nonce:job)>`, the gateway says `OK` (and pipes) or `DENIED` (and closes).
-The secret never crosses the LAN; a sniffed answer is useless for another nonce. What follows is plaintext, as
-the data plane's gloo traffic is (docs/deployment.md says what a lab should do about that).
+A sniffed answer is useless for another nonce. A host may hold PENDING_PER_HOST connections in their handshake
+at once (HANDSHAKE_S each at most), so a flood of half-open connections from a stranger starves no job.
 """
 
 from __future__ import annotations
@@ -25,13 +32,20 @@ import hashlib
 import hmac
 import logging
 import secrets
+import ssl
 import threading
+import time
+
+from engine.tls import peer_identity
+from workers import peers
 
 log = logging.getLogger("workers.storelink")
 
 GREETING = b"ASTEROID-STORE 1 "
-HANDSHAKE_S = 10.0  # a connection that has not proved itself by then is closed
+HANDSHAKE_S = 5.0  # a connection that has not proved itself by then (TLS and the answer) is closed
+PENDING_PER_HOST = 32  # connections of one host in their handshake at once; more are closed unanswered
 MAX_LINE = 256
+REFUSAL_LOG_S = 10.0  # one warning per host this often for refusals beyond the first (a flood logs a few lines)
 CHUNK = 64 * 1024
 
 
@@ -144,11 +158,16 @@ class _Server:
 
 
 class Gateway(_Server):
-    """The site's end: admits a connection to job J's store only when it proves it knows J's secret."""
+    """The site's end: admits a connection to job J's store only when it proves it knows J's secret (and, over
+    TLS, shows a board certificate admitted for J)."""
 
-    def __init__(self, host: str, port: int):
+    def __init__(self, host: str, port: int, tls: ssl.SSLContext | None = None):
         super().__init__(host, port, "store-gateway")
+        self.tls = tls
         self._jobs: dict[str, tuple[str, int]] = {}  # job -> (secret, the store's loopback port)
+        self._boards: dict[str, set[str]] = {}  # job -> serials of the board certificates admitted (TLS)
+        self._pending: dict[str, int] = {}  # host -> its connections in their handshake (the loop's thread only)
+        self._said: dict[str, float] = {}  # host -> when a refusal of it was last logged
         self._lock = threading.Lock()
 
     def open(self, job, store_port: int) -> str:
@@ -162,27 +181,41 @@ class Gateway(_Server):
             self._jobs[str(job)] = (secret, store_port)
             return secret
 
+    def admit(self, job, serial: str) -> None:
+        """Let the board whose certificate has serial `serial` (hex) into `job`'s store (with TLS)."""
+        with self._lock:
+            self._boards.setdefault(str(job), set()).add(serial.lower())
+
     def close(self, job) -> None:
         """No new connection to `job`'s store (those already piped end with the store)."""
         with self._lock:
             self._jobs.pop(str(job), None)
+            self._boards.pop(str(job), None)
+
+    def _refuse(self, peer, why: str, always: bool = True) -> None:
+        host = str(peer[0]) if peer else "?"
+        now = time.monotonic()
+        if always or now - self._said.get(host, -REFUSAL_LOG_S) >= REFUSAL_LOG_S:
+            self._said[host] = now
+            log.warning("store gateway: refused %s: %s", f"{host}:{peer[1]}" if peer else host, why)
 
     async def serve(self, reader, writer) -> None:
-        nonce = secrets.token_hex(16)
-        writer.write(GREETING + nonce.encode() + b"\n")
-        await writer.drain()
-        line = await asyncio.wait_for(reader.readline(), HANDSHAKE_S)
-        job, _, given = line[:MAX_LINE].decode("ascii", "replace").strip().partition(" ")
-        with self._lock:
-            known = self._jobs.get(job)
-        if known is None or not hmac.compare_digest(given, answer(known[0], nonce, job)):
-            peer = writer.get_extra_info("peername")
-            log.warning("store gateway: refused %s (job %r: %s)", peer, job[:20], "unknown" if known is None else
-                        "wrong secret")  # fmt: skip
-            writer.write(b"DENIED\n")
-            await writer.drain()
+        peer = writer.get_extra_info("peername")
+        host = str(peer[0]) if peer else "?"
+        if self._pending.get(host, 0) >= PENDING_PER_HOST:
+            self._refuse(peer, f"more than {PENDING_PER_HOST} connections of it in their handshake", always=False)
+            writer.transport.abort()
             return
-        store = await asyncio.open_connection("127.0.0.1", known[1])
+        self._pending[host] = self._pending.get(host, 0) + 1
+        try:
+            proved = await self._handshake(reader, writer, peer)
+        finally:
+            self._pending[host] -= 1
+            if not self._pending[host]:
+                del self._pending[host]
+        if proved is None:
+            return
+        store = await asyncio.open_connection("127.0.0.1", proved)
         self.track(store[1])
         writer.write(b"OK\n")
         await writer.drain()
@@ -191,19 +224,72 @@ class Gateway(_Server):
         finally:
             self._writers.discard(store[1])
 
+    async def _handshake(self, reader, writer, peer) -> int | None:
+        """The store port a connection proved it may reach, or None (refused, with one warning line)."""
+        nonce = secrets.token_hex(16)
+        try:
+            async with asyncio.timeout(HANDSHAKE_S):
+                if self.tls is not None:
+                    await writer.start_tls(self.tls)
+                writer.write(GREETING + nonce.encode() + b"\n")
+                await writer.drain()
+                line = await reader.readline()
+        except TimeoutError:
+            self._refuse(peer, f"no handshake within {HANDSHAKE_S:.0f} s", always=False)
+            return None
+        except ssl.SSLError as exc:
+            self._refuse(peer, f"TLS handshake failed ({exc.reason or exc})", always=False)
+            return None
+        job, why, port = self._check(line, nonce, writer.get_extra_info("ssl_object"))
+        if why:
+            self._refuse(peer, f"job {job[:20]!r}: {why}" if job else why)
+            writer.write(b"DENIED\n")
+            await writer.drain()
+            return None
+        return port
+
+    def _check(self, line: bytes, nonce: str, ssl_object) -> tuple[str, str, int]:
+        """(job, "", its store's port) for an answer that proves the job, else (job or "", why not, 0)."""
+        if not line.endswith(b"\n") or len(line) > MAX_LINE:
+            return "", "no answer line" if not line else "an answer line too long", 0
+        try:
+            text = line.decode("ascii").strip()
+        except UnicodeDecodeError:
+            return "", "an answer that is not ASCII", 0
+        job, _, given = text.partition(" ")
+        if not job.isdigit() or len(given) != 64 or any(c not in "0123456789abcdef" for c in given):
+            return job if job.isdigit() else "", "a malformed answer (want: JOB HMAC-HEX)", 0
+        with self._lock:
+            known, boards = self._jobs.get(job), self._boards.get(job, set())
+        if known is None:
+            return job, "unknown job", 0
+        if not hmac.compare_digest(given, answer(known[0], nonce, job)):
+            return job, "wrong secret", 0
+        if self.tls is not None:
+            identity = peer_identity(ssl_object)
+            if identity is None or identity[1] not in boards:
+                return job, "its board certificate is not one of the job's", 0
+        return job, "", known[1]
+
 
 class Relay(_Server):
     """The board's end, one per run: its device process's store clients connect to 127.0.0.1:`port`, each is
-    carried to the site's gateway over a connection of its own that answers the challenge with the job's secret."""
+    carried to the site's gateway over a connection of its own that answers the challenge with the job's secret.
+    It serves only connections from process `root` (default: this one) and its descendants."""
 
-    def __init__(self, gateway_host: str, gateway_port: int, job, secret: str):
+    def __init__(self, gateway_host: str, gateway_port: int, job, secret: str, tls: ssl.SSLContext | None = None,
+                 root: int | None = None):  # fmt: skip
         super().__init__("127.0.0.1", 0, f"store-relay-{job}")
         self.gateway = (gateway_host, gateway_port)
-        self.job, self.secret = job, secret
+        self.job, self.secret, self.tls, self.root = job, secret, tls, root
 
     async def serve(self, reader, writer) -> None:
+        peer, here = writer.get_extra_info("peername"), writer.get_extra_info("sockname")
+        if not peers.from_descendant(peer, here, self.root):
+            log.warning("job %s: the store relay refused %s:%s: not this agent's device process", self.job, *peer[:2])
+            return
         try:
-            upstream = await asyncio.wait_for(connect(*self.gateway, self.job, self.secret), HANDSHAKE_S)
+            upstream = await asyncio.wait_for(connect(*self.gateway, self.job, self.secret, self.tls), HANDSHAKE_S * 2)
         except (OSError, TimeoutError) as exc:
             log.warning("job %s: cannot reach the site's store gateway %s:%s: %s", self.job, *self.gateway, exc)
             return
@@ -214,9 +300,12 @@ class Relay(_Server):
             self._writers.discard(upstream[1])
 
 
-async def connect(host: str, port: int, job, secret: str) -> tuple:
-    """An authenticated connection to job `job`'s store through the gateway at host:port (reader, writer)."""
+async def connect(host: str, port: int, job, secret: str, tls: ssl.SSLContext | None = None) -> tuple:
+    """An authenticated connection to job `job`'s store through the gateway at host:port (reader, writer); over
+    TLS with `tls` (the site's CA, the board's certificate)."""
     reader, writer = await asyncio.open_connection(host, port)
+    if tls is not None:
+        await writer.start_tls(tls, server_hostname=host)
     greeting = await reader.readline()
     if not greeting.startswith(GREETING):
         writer.close()
