@@ -23,14 +23,14 @@ run: $(STAMP)
 
 # A board's agent, with this checkout's Python whatever `python` the shell has: the line the site's *Add device*
 # page shows, `make agent SERVER=http://SITE:8000 TOKEN=ENROLLMENT_TOKEN` (TOKEN only the first time; EMULATE=nano
-# presents this host as a Nano, STATE=FILE keeps the credential elsewhere).
+# presents this host as a Nano, STATE=FILE keeps the credential elsewhere, CA=sha256:... pins an https site's CA).
 agent: $(STAMP)
 	@if [ -z "$(SERVER)" ]; then \
 		echo "error: make agent needs SERVER=http://SITE:PORT (and TOKEN=... the first time): the site's Add device page shows the line" >&2; \
 		exit 2; \
 	fi
 	@exec $(PY) -m workers.agent --server "$(SERVER)" $(if $(TOKEN),--token "$(TOKEN)") \
-		$(if $(EMULATE),--emulate "$(EMULATE)") $(if $(STATE),--state "$(STATE)")
+		$(if $(EMULATE),--emulate "$(EMULATE)") $(if $(STATE),--state "$(STATE)") $(if $(CA),--ca "$(CA)")
 
 # The browser test drives Debian's chromium (Playwright downloads no browser here). Installed when missing and
 # this is a Debian machine where we are root; elsewhere tests/e2e says loudly why it skips.

@@ -142,15 +142,23 @@ def make_csr() -> tuple[bytes, bytes]:
     return _pem_key(key), csr.public_bytes(serialization.Encoding.PEM)
 
 
-def sign_csr(ca_pem: bytes, ca_key_pem: bytes, csr_pem: bytes, device_id: int) -> tuple[bytes, str]:
-    """Device `device_id`'s client certificate from its CSR (PEM, serial as lower-case hex). Raises ValueError
-    for a CSR that is not one or whose signature does not hold (the board must own the key)."""
+def check_csr(csr_pem: bytes) -> x509.CertificateSigningRequest:
+    """The request, or ValueError (one line) for one that is not a PEM CSR or whose signature does not hold."""
     try:
         csr = x509.load_pem_x509_csr(csr_pem)
     except (ValueError, TypeError) as exc:
-        raise ValueError(f"not a PEM certificate request ({exc})") from None
+        raise ValueError(
+            f"not a PEM certificate request ({str(exc).splitlines()[0] if str(exc) else 'unreadable'})"
+        ) from None
     if not csr.is_signature_valid:
         raise ValueError("the certificate request's signature does not hold")
+    return csr
+
+
+def sign_csr(ca_pem: bytes, ca_key_pem: bytes, csr_pem: bytes, device_id: int) -> tuple[bytes, str]:
+    """Device `device_id`'s client certificate from its CSR (PEM, serial as lower-case hex). Raises ValueError
+    for a CSR that is not one or whose signature does not hold (the board must own the key)."""
+    csr = check_csr(csr_pem)
     ca, ca_key = _load_ca(ca_pem, ca_key_pem)
     builder = _builder(_name(f"{DEVICE_PREFIX}{device_id}"), ca.subject, csr.public_key(), CERT_DAYS)
     cert = _sign(builder, ca, ca_key, [ExtendedKeyUsageOID.CLIENT_AUTH])

@@ -96,22 +96,51 @@ def env_host(name: str, default: str) -> str:
     return value
 
 
+def is_loopback(host: str) -> bool:
+    """Whether `host` is this machine only (127.0.0.0/8, ::1, localhost): nothing on a LAN can reach it."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def lab_certificate() -> tuple[str, str, str] | None:
+    """The lab's own certificate, key and CA (ASTEROID_TLS_CERT, ASTEROID_TLS_KEY, ASTEROID_TLS_CA: all three or
+    none), each a readable file, or None for the site's own CA (webapp/sitetls.py)."""
+    names = ("ASTEROID_TLS_CERT", "ASTEROID_TLS_KEY", "ASTEROID_TLS_CA")
+    given = [env_str(n) for n in names]
+    if not any(given):
+        return None
+    missing = [n for n, v in zip(names, given, strict=True) if not v]
+    if missing:
+        raise ImproperlyConfigured(
+            f"{', '.join(missing)} must be set too: the lab's own certificate takes its key and the CA that signed it "
+            "(boards pin that CA); or unset all three for the site's own CA"
+        )
+    for n, v in zip(names, given, strict=True):
+        if not os.access(v, os.R_OK):
+            raise ImproperlyConfigured(f"{n}={v} is not a file this process can read")
+    return given[0], given[1], given[2]
+
+
 def url_host(host: str) -> str:
     """`host` as it is written in a URL: an IPv6 address in brackets."""
     return f"[{host}]" if ":" in host else host
 
 
-def site_url(host: str, port: int, name: str = "ASTEROID_SITE_URL") -> str:
-    """The URL boards and people reach the site at: `name` when set, else http://HOST:PORT. A site listening on
+def site_url(host: str, port: int, name: str = "ASTEROID_SITE_URL", scheme: str = "http") -> str:
+    """The URL boards and people reach the site at: `name` when set, else SCHEME://HOST:PORT. A site listening on
     every interface (0.0.0.0) has no one address to tell the boards, so `name` is required then."""
     value = env_str(name).rstrip("/")
     if not value:
         if host in WILDCARDS:
             raise ImproperlyConfigured(
                 f"ASTEROID_HOST={host} listens on every interface, but the boards need one address to reach the site: "
-                f"set {name}=http://LAN-ADDRESS:{port}"
+                f"set {name}={scheme}://LAN-ADDRESS:{port}"
             )
-        return f"http://{url_host(host)}:{port}"
+        return f"{scheme}://{url_host(host)}:{port}"
     try:
         parts = urlsplit(value)
         parts.port  # noqa: B018 - raises ValueError on a bad port

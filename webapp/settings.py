@@ -19,6 +19,8 @@ from webapp.env import (
     env_port,
     env_seconds,
     env_str,
+    is_loopback,
+    lab_certificate,
     redis_url,
     secret_key,
     site_url,
@@ -28,13 +30,27 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 # Runtime files: SQLite database, dev secret key, embedded Redis, agents' credentials, job files, collected static.
 VAR_DIR = env_dir("ASTEROID_VAR_DIR", BASE_DIR / "var")  # created when missing
 
-DEBUG = env_bool("DJANGO_DEBUG", True)
-SECRET_KEY = secret_key(DEBUG, VAR_DIR / "secret_key")
 # Serving a lab (docs/deployment.md): the address the site, its agents' socket and the jobs' store gateway listen on,
 # and the URL boards reach it at (the enrollment command names it, whatever address a browser used).
 ASTEROID_HOST = env_host("ASTEROID_HOST", "127.0.0.1")
 ASTEROID_PORT = env_port("ASTEROID_PORT", 8000)
-ASTEROID_SITE_URL = site_url(ASTEROID_HOST, ASTEROID_PORT)
+_ON_LAN = not is_loopback(ASTEROID_HOST)
+# On a LAN address the site serves HTTPS and wss (webapp/sitetls.py), plain HTTP only when ASTEROID_TLS=0 says so;
+# on loopback plain HTTP unless ASTEROID_TLS=1. ASTEROID_TLS_OWN: the lab's own certificate, key and CA, or None.
+ASTEROID_TLS = env_bool("ASTEROID_TLS", _ON_LAN)
+ASTEROID_TLS_OWN = lab_certificate()
+ASTEROID_SITE_URL = site_url(ASTEROID_HOST, ASTEROID_PORT, scheme="https" if ASTEROID_TLS else "http")
+# Debug pages show settings and code to whoever asks: off by default on a LAN address, and refused there unless
+# ASTEROID_DEBUG_ON_LAN=1 says the administrator means it.
+DEBUG = env_bool("DJANGO_DEBUG", not _ON_LAN)
+if DEBUG and _ON_LAN and not env_bool("ASTEROID_DEBUG_ON_LAN", False):
+    raise ImproperlyConfigured(
+        f"DJANGO_DEBUG=1 with ASTEROID_HOST={ASTEROID_HOST} would show debug pages (settings, code) to anyone on the "
+        "LAN: unset DJANGO_DEBUG (it is off by default there), or set ASTEROID_DEBUG_ON_LAN=1 if you mean it"
+    )
+# Without DJANGO_SECRET_KEY, development and a lab's `make run` keep one generated in the var dir; an explicit
+# DJANGO_DEBUG=0 (a production deployment) must set it.
+SECRET_KEY = secret_key(DEBUG or not env_str("DJANGO_DEBUG"), VAR_DIR / "secret_key")
 # The site answers to the names it is served at, besides any listed in DJANGO_ALLOWED_HOSTS.
 _served_at = [h for h in (ASTEROID_HOST, urlsplit(ASTEROID_SITE_URL).hostname) if h and h not in WILDCARDS]
 ALLOWED_HOSTS = list(dict.fromkeys(env_list("DJANGO_ALLOWED_HOSTS", ["127.0.0.1", "localhost"]) + _served_at))
@@ -227,9 +243,11 @@ ASTEROID_MAX_PART_BYTES = env_int("ASTEROID_MAX_PART_BYTES", 2 * 1024**3, minimu
 ASTEROID_JOBS_DIR = VAR_DIR / "jobs"  # each job's uploaded parts and assembled model
 
 # Production (DJANGO_DEBUG=0): HTTPS-only cookies, HSTS and redirects, each switchable for a TLS-terminating proxy.
+# A LAN site its administrator chose to serve on plain HTTP (ASTEROID_TLS=0) has no HTTPS to redirect to.
+_PLAIN_BY_CHOICE = _ON_LAN and not ASTEROID_TLS
 if not DEBUG:
-    SECURE_SSL_REDIRECT = env_bool("DJANGO_SECURE_SSL_REDIRECT", True)
-    SESSION_COOKIE_SECURE = env_bool("DJANGO_SECURE_COOKIES", True)
+    SECURE_SSL_REDIRECT = env_bool("DJANGO_SECURE_SSL_REDIRECT", not _PLAIN_BY_CHOICE)
+    SESSION_COOKIE_SECURE = env_bool("DJANGO_SECURE_COOKIES", not _PLAIN_BY_CHOICE)
     CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
     SECURE_HSTS_SECONDS = env_int("DJANGO_SECURE_HSTS_SECONDS", 31536000)
     SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS", True)

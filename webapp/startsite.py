@@ -23,6 +23,7 @@ import os
 import secrets
 import signal
 import socket
+import ssl
 import sys
 import time
 from dataclasses import replace
@@ -96,12 +97,15 @@ def _reach(host: str) -> str:
     return "127.0.0.1" if host in WILDCARDS else host
 
 
-def wait_for_site(host: str, port: int, daphnes: list[Supervised], timeout: float = 90.0) -> None:
+def wait_for_site(host: str, port: int, daphnes: list[Supervised], timeout: float = 90.0, tls: bool = False) -> None:
     """Return once a daphne process answers an HTTP request on `port` (importing Django and torch with every other
     child starting beside it takes a while on a busy 2-core machine); fail if they all exit first."""
     deadline = time.monotonic() + timeout
     while any(d.proc.poll() is None for d in daphnes):
-        conn = http.client.HTTPConnection(_reach(host), port, timeout=1)
+        if tls:  # its own certificate, on this machine: whether it answers is all that is asked here
+            conn = http.client.HTTPSConnection(_reach(host), port, timeout=1, context=ssl._create_unverified_context())
+        else:
+            conn = http.client.HTTPConnection(_reach(host), port, timeout=1)
         try:
             conn.request("HEAD", "/accounts/login/")
             conn.getresponse()
@@ -175,7 +179,7 @@ def cluster_from_env():
     return CLUSTERS[letter] if letter else None
 
 
-def agent_commands(cluster, server: str, state_dir: Path) -> dict[str, list[str]]:
+def agent_commands(cluster, server: str, state_dir: Path, pin: str = "") -> dict[str, list[str]]:
     """The command line of an emulated agent per device of `cluster`, registering devices that are new.
     A device whose saved credential no longer works (new database, revoked) gets a fresh enrollment token.
     A disabled device's agent runs too, as a real board's would: it stays connected and visible, takes no jobs,
@@ -191,7 +195,7 @@ def agent_commands(cluster, server: str, state_dir: Path) -> dict[str, list[str]
             print(f"  {d.name} is disabled: its agent runs, and it takes no jobs until staff enable it")
         state = state_dir / f"{d.name}.json"
         args = [sys.executable, "-m", "workers.agent", "--server", server, "--emulate", SHORT[d.kind]]
-        args += ["--state", str(state)]
+        args += ["--state", str(state)] + (["--ca", pin] if pin else [])
         saved = _saved_state(state)
         if saved is None or Device.for_credential(saved.credential) != device:
             state.unlink(missing_ok=True)
@@ -248,19 +252,40 @@ def serve(
             command = [python, str(settings.BASE_DIR / "manage.py"), "coordinators", "--store-port", store_port]
             procs[name] = Supervised(name, command, env=env)
         daphne = [python, "-m", "daphne", "--fd", str(listener.fileno()), "webapp.asgi:application"]
+        pin = ""
+        if settings.ASTEROID_TLS:  # HTTPS and wss on the same socket (webapp/tlsdaphne.py)
+            from webapp import sitetls
+
+            cert, key = sitetls.ensure().https
+            daphne = [python, "-m", "webapp.tlsdaphne", "--fd", str(listener.fileno()), str(cert), str(key),
+                      "webapp.asgi:application"]  # fmt: skip
+            pin = sitetls.pin()
         daphnes = []
         for i in range(settings.ASTEROID_DAPHNES):
             name = "daphne" if i == 0 else f"daphne {i + 1}"
             procs[name] = Supervised(name, daphne, env=env, pass_fds=(listener.fileno(),))
             daphnes.append(procs[name])
-        wait_for_site(host, port, daphnes)
+        wait_for_site(host, port, daphnes, tls=settings.ASTEROID_TLS)
         if cluster is not None:
-            local = f"http://{url_host(_reach(host))}:{port}"  # the emulated agents run on this machine
-            commands = agent_commands(cluster, local, settings.VAR_DIR / "agents")
+            scheme = "https" if settings.ASTEROID_TLS else "http"
+            local = f"{scheme}://{url_host(_reach(host))}:{port}"  # the emulated agents run on this machine
+            commands = agent_commands(cluster, local, settings.VAR_DIR / "agents", pin)
             agents = {name: Supervised(f"the agent of {name}", args, env=env) for name, args in commands.items()}
         print(f"\nAsteroid is running at {settings.ASTEROID_SITE_URL}/", flush=True)
         if host not in ("127.0.0.1", "localhost", "::1"):
-            print(f"  boards enroll with: make agent SERVER={settings.ASTEROID_SITE_URL} TOKEN=T")
+            print(
+                f"  boards enroll with: make agent SERVER={settings.ASTEROID_SITE_URL} TOKEN=T"
+                + (f" CA={pin}" if pin else "")
+            )
+            if pin:
+                bundle = settings.VAR_DIR / "tls" / "bundle.pem"
+                print(f"  TLS: the site's CA is {bundle} (boards pin it; import it in the lab's browsers)")
+            else:
+                print(
+                    "  warning: plain HTTP on a LAN address (ASTEROID_TLS=0): anyone on the LAN can read the boards' "
+                    "credentials and jobs' secrets",
+                    flush=True,
+                )
             last = settings.ASTEROID_STORE_PORT + settings.ASTEROID_COORDINATORS - 1
             ports = str(last) if last == settings.ASTEROID_STORE_PORT else f"{settings.ASTEROID_STORE_PORT}-{last}"
             print(f"  jobs' store gateway: {host}:{ports} (docs/deployment.md)")
@@ -342,6 +367,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             redis = EmbeddedRedis(settings.VAR_DIR / "redis")
             redis_url, redis_note = redis.start(), "embedded, stops with this launcher"
+        if settings.ASTEROID_TLS:  # the site CA and certificate, made on the first start (webapp/sitetls.py)
+            from webapp import sitetls
+
+            sitetls.ensure()
         migrate()
         password = ensure_admin()
         return serve(listener, redis_url, redis_note, password, cluster, redis)

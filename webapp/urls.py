@@ -64,6 +64,7 @@ urlpatterns = [
     path("api/jobs/<int:job_id>/queue/", jobs_api.queue_move),
     re_path(r"^api/jobs/(?P<job_id>[0-9]+)/(?P<action>remove|add|kill)/$", jobs_api.device_action),
     path("api/agent/enroll/", devices_api.enroll),
+    path("api/agent/ca/", devices_api.ca),
     path("api/agent/link/", devices_api.link_probe),
     path("api/agent/link/slot/", devices_api.link_slot),
     path("api/agent/jobs/<int:job_id>/part/", jobs_api.upload_part),

@@ -174,10 +174,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--token", help="enrollment token from the site (needed once; then the state file is used)")
     parser.add_argument("--emulate", metavar="KIND", help="present this host as a Jetson of KIND: nano, tx2 or nx")
     parser.add_argument("--state", help="state file (default ~/.config/asteroid/agent-<host>-<port>.json)")
+    parser.add_argument(
+        "--ca",
+        metavar="PIN",
+        default="",
+        help="sha256:... pin of the site's CA, from the Add device line (https sites; needed to enroll)",
+    )
     return parser
 
 
-PACKAGES = ("websockets", "numpy", "torch")  # what an agent and its device processes import
+PACKAGES = ("websockets", "numpy", "torch", "cryptography")  # what an agent and its device processes import
 
 
 def check_packages() -> None:
@@ -203,8 +209,15 @@ def main(argv: list[str] | None = None) -> int:
             get_kind(args.emulate)
         check_packages()  # before the one-time token is spent
         path = Path(args.state).expanduser() if args.state else default_state_path(site)
-        state = obtain(site, args.token, path)
-        agent = Agent(site, state.credential, emulate=args.emulate)
+        from engine.tls import check_pin
+
+        state = obtain(site, args.token, path, check_pin(args.ca) if args.ca else "")
+        if site.https and not state.certificate:
+            log.warning(
+                "this board has no certificate of the site's (enrolled before the site served TLS, or "
+                "without --ca): jobs' store connections will be refused; enroll again with a new token"
+            )
+        agent = Agent(state.tls(site), state.credential, emulate=args.emulate)
         log.info("agent for device %s of %s (state %s)", state.device.get("name", "?"), site.url, path)
         agent.run(signals=True)
         return 0

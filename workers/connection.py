@@ -214,7 +214,10 @@ class Connection:
 
     async def _session(self, stop: asyncio.Event) -> None:
         headers = {"Authorization": f"Bearer {self.credential}"}
-        async with connect(self.site.socket_url, additional_headers=headers, open_timeout=WELCOME_TIMEOUT_S) as ws:
+        tls = {"ssl": self.site.tls} if self.site.tls is not None else {}  # wss: the pinned CA, the board's cert
+        async with connect(
+            self.site.socket_url, additional_headers=headers, open_timeout=WELCOME_TIMEOUT_S, **tls
+        ) as ws:
             await ws.send(json.dumps(await self.hello()))
             welcome, early = await self._welcome(ws)
             self.device = welcome.get("device")

@@ -187,7 +187,13 @@ class Runner:
             cfg = replace(cfg, address=self.address, time_base=clock.to_dict() if clock and clock.ready else None)
             if coordinated and isinstance(msg.get("store_secret"), str):
                 # the device process's store clients go through this agent's relay to the site's store gateway
-                relay = Relay(host, port, job, msg["store_secret"])
+                tls = self.site.tls if msg.get("store_tls") else None  # mutual TLS with the gateway: our board cert
+                if msg.get("store_tls") and tls is None:
+                    raise UserError(
+                        f"job {job}: the site's store gateway speaks TLS, and this agent has no board "
+                        "certificate: enroll it again with a new token (and the Add device line's CA=)"
+                    )
+                relay = Relay(host, port, job, msg["store_secret"], tls)
                 try:
                     cfg = replace(cfg, host="127.0.0.1", port=relay.start())
                 except OSError as exc:

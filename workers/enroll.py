@@ -1,13 +1,15 @@
-"""Enrollment: exchange the one-time token for a device credential, and keep it in a private state file."""
+"""Enrollment: exchange the one-time token for a device credential (and, over TLS, a board certificate for the
+key made here), and keep them in a private state file with the site's pinned CA."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import ssl
 import time
 import urllib.error
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from engine.errors import UserError
@@ -24,6 +26,19 @@ class State:
     credential: str
     device: dict = field(default_factory=dict)
     enrolled_with: str = ""  # sha256 of the enrollment token spent, so re-running the pasted command is harmless
+    ca: str = ""  # the site's CA bundle (PEM), trusted because it matched the pin of the Add device line
+    certificate: str = ""  # this board's certificate (PEM), signed by the site's CA at enrollment
+    key: str = ""  # its private key (PEM), made on this board; never sent
+
+    def tls(self, site: Site) -> Site:
+        """`site` speaking TLS as this board: trusting only the pinned CA, showing the board's certificate
+        (unchanged for an http site; the system's CAs for an https one enrolled without a pin)."""
+        if not site.https or not self.ca:
+            return site
+        from engine.tls import client_context  # (cryptography: the agent checks its packages first)
+
+        cert, key = (self.certificate.encode(), self.key.encode()) if self.certificate else (None, None)
+        return replace(site, tls=client_context(self.ca.encode(), cert, key))
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -41,12 +56,40 @@ def default_state_path(site: Site) -> Path:
     return Path.home() / ".config" / "asteroid" / f"agent-{site.host}-{site.port}.json"
 
 
-def enroll(site: Site, token: str, tries: int = ENROLL_TRIES) -> State:
-    """POST the enrollment token; the device credential the site gives back. Every failure is one UserError line.
-    A site that is starting or briefly failing (unreachable, HTTP 5xx) is asked again with growing pauses."""
+def pinned_ca(site: Site, pin: str) -> bytes:
+    """The site's CA bundle, fetched and kept only if it matches `pin` (kubeadm's discovery hash); UserError else."""
+    from engine.tls import fingerprint, matches
+
+    try:
+        bundle = site.fetch_ca()
+    except HttpError as exc:
+        if exc.status == 404:
+            raise UserError(f"{site.url} serves no CA to pin ({exc.message}): drop --ca, or check --server") from None
+        raise UserError(f"cannot read the CA of {site.url}: HTTP {exc.status} {exc.message}") from None
+    except OSError as exc:
+        raise UserError(f"cannot reach the server at {site.url}: {getattr(exc, 'reason', exc)}") from None
+    if not matches(bundle, pin):
+        raise UserError(
+            f"the CA {site.url} shows ({fingerprint(bundle)}) is not the one --ca pins: something between this board "
+            "and the site may be posing as it, or the pin is mistyped; nothing was sent (copy the Add device line "
+            "again)"
+        )
+    return bundle
+
+
+def enroll(site: Site, token: str, tries: int = ENROLL_TRIES, ca: bytes = b"") -> State:
+    """POST the enrollment token (over https with a certificate request for a key made here); the device
+    credential (and certificate) the site gives back. Every failure is one UserError line. A site that is starting
+    or briefly failing (unreachable, HTTP 5xx) is asked again with growing pauses."""
+    body, key = {"token": token}, b""
+    if site.https:
+        from engine.tls import make_csr
+
+        key, csr = make_csr()
+        body["csr"] = csr.decode("ascii")
     for attempt in range(1, tries + 1):
         try:
-            reply = site.post_json(ENROLL_PATH, {"token": token})
+            reply = site.post_json(ENROLL_PATH, body)
             break
         except HttpError as exc:
             if exc.status == 400:  # not about the token: the site says what (e.g. it does not answer to this host)
@@ -67,6 +110,12 @@ def enroll(site: Site, token: str, tries: int = ENROLL_TRIES) -> State:
                 f"cannot reach the server at {site.url}: {exc}; is --server the site's address and port?"
             ) from None
         except urllib.error.URLError as exc:
+            if isinstance(exc.reason, ssl.SSLCertVerificationError):  # asking again does not help
+                why = exc.reason.verify_message
+                raise UserError(
+                    f"the server at {site.url} shows a certificate its pinned CA did not sign ({why}): "
+                    "something between this board and the site may be posing as it; the token was not sent"
+                ) from None
             problem = f"cannot reach the server at {site.url}: {exc.reason}"
         except OSError as exc:  # timeouts, resets
             problem = f"cannot reach the server at {site.url}: {exc}"
@@ -76,7 +125,9 @@ def enroll(site: Site, token: str, tries: int = ENROLL_TRIES) -> State:
     credential, device = reply.get("credential"), reply.get("device")
     if not isinstance(credential, str) or not credential or not isinstance(device, dict):
         raise UserError(f"{site.url} is not an Asteroid site: its enrollment reply has no credential and device")
-    return State(site.url, credential, device, token_digest(token))
+    certificate = reply.get("certificate") if isinstance(reply.get("certificate"), str) else ""
+    return State(site.url, credential, device, token_digest(token), ca.decode("ascii"), certificate,
+                 key.decode("ascii") if certificate else "")  # fmt: skip
 
 
 def save_state(path: Path, state: State) -> None:
@@ -106,21 +157,33 @@ def load_state(path: Path) -> State | None:
     if not (isinstance(doc, dict) and isinstance(doc.get("server"), str) and isinstance(doc.get("credential"), str)):
         raise UserError(f"the state file {path} is not an agent state file: delete it and enroll again with --token")
     device = doc.get("device") if isinstance(doc.get("device"), dict) else {}
-    return State(doc["server"], doc["credential"], device, str(doc.get("enrolled_with", "")))
+    pems = [doc.get(k) if isinstance(doc.get(k), str) else "" for k in ("ca", "certificate", "key")]
+    return State(doc["server"], doc["credential"], device, str(doc.get("enrolled_with", "")), *pems)
 
 
-def obtain(site: Site, token: str | None, path: Path) -> State:
-    """The credential for `site`: enroll with `token` (saving it), or reuse the state file's.
+def obtain(site: Site, token: str | None, path: Path, pin: str = "") -> State:
+    """The credential for `site`: enroll with `token` (saving it), or reuse the state file's. With `pin` (the Add
+    device line's CA=) the site's CA is fetched and checked against it before the token is sent.
 
     A token already spent by this state file is not sent again (it is single use): running the pasted
     command line twice, or from a boot script, keeps working.
     """
+    from engine.tls import client_context, matches
+
     state = load_state(path)
     known = state if state is not None and state.server == site.url else None
+    if pin and not site.https:
+        raise UserError(f"--ca pins the CA of an https site, and --server {site.url} is http: use https://")
+    if known is not None and pin and known.ca and not matches(known.ca.encode(), pin):
+        known = None if token else known  # the site's CA changed (it was set up again): enroll anew with the token
+        if known is not None:
+            raise UserError(f"the state file {path} trusts another CA than --ca pins: pass --token to enroll again")
     if token:
         if known is not None and known.enrolled_with == token_digest(token):
             return known
-        state = enroll(site, token)
+        ca = pinned_ca(site, pin) if pin else b""
+        trusting = replace(site, tls=client_context(ca)) if ca else site
+        state = enroll(trusting, token, ca=ca)
         save_state(path, state)
         return state
     if known is None:

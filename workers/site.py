@@ -5,15 +5,17 @@ from __future__ import annotations
 import http.client
 import ipaddress
 import json
+import ssl
 import unicodedata
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import quote, urlsplit
 
 from engine.errors import UserError
 
 HTTP_TIMEOUT_S = 30.0
+CA_PATH = "/api/agent/ca/"
 
 
 class HttpError(Exception):
@@ -31,10 +33,13 @@ class NotHttp(OSError):
 
 @dataclass(frozen=True)
 class Site:
-    """The site's base URL (http or https, maybe with a path prefix) and the agent socket's URL."""
+    """The site's base URL (http or https, maybe with a path prefix), the agent socket's URL, and for https the
+    TLS the agent speaks there (the pinned CA bundle and the board's certificate: engine/tls.py; None: the
+    system's trusted CAs)."""
 
     url: str
     socket_url: str
+    tls: ssl.SSLContext | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def parse(cls, url: str) -> Site:
@@ -73,7 +78,7 @@ class Site:
             headers["Authorization"] = f"Bearer {credential}"
         request = urllib.request.Request(self.url + path, data=body, headers=headers, method=method)
         try:
-            with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S) as reply:
+            with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S, context=self.tls) as reply:
                 text = reply.read()
         except urllib.error.HTTPError as exc:
             raise HttpError(exc.code, error_message(exc)) from None
@@ -93,6 +98,22 @@ class Site:
 
     def post_json(self, path: str, doc: dict, credential: str | None = None) -> dict:
         return self.post(path, json.dumps(doc).encode(), "application/json", credential)
+
+    @property
+    def https(self) -> bool:
+        return self.url.startswith("https://")
+
+    def fetch_ca(self) -> bytes:
+        """The CA bundle the site serves (GET /api/agent/ca/), read WITHOUT checking the site's certificate: the
+        caller trusts it only if it matches the pin it was given."""
+        unchecked = ssl.create_default_context()
+        unchecked.check_hostname, unchecked.verify_mode = False, ssl.CERT_NONE
+        request = urllib.request.Request(self.url + CA_PATH, headers={"Accept": "application/x-pem-file"})
+        try:
+            with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S, context=unchecked) as reply:
+                return reply.read(1 << 20)
+        except urllib.error.HTTPError as exc:
+            raise HttpError(exc.code, error_message(exc)) from None
 
 
 def _split(url: str):

@@ -230,6 +230,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--rank", type=int, help="this device's rank in the plan's device order (distributed run)")
     t.add_argument("--rendezvous", help="HOST:PORT of the rendezvous store (distributed run)")
     t.add_argument("--generation", type=int, default=0, help="rendezvous generation (a new one per re-plan)")
+    t.add_argument(
+        "--trust-lan", action="store_true",
+        help="allow a --rendezvous address other than loopback: its store is unauthenticated (docs/training.md)",
+    )  # fmt: skip
     f = t.add_argument_group("fault tolerance (a local run: the launcher is the coordinator)")
     f.add_argument(
         "--fail",

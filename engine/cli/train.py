@@ -102,6 +102,21 @@ def _check_distributed(args: argparse.Namespace) -> None:
         raise UserError(f"--rendezvous must be HOST:PORT, got {args.rendezvous!r}")
     if not 1 <= int(port) <= 65535:
         raise UserError(f"--rendezvous: port must be 1-65535, got {port}")
+    if not _loopback(host.strip("[]")) and not args.trust_lan:
+        raise UserError(
+            f"--rendezvous {args.rendezvous}: rank 0's store (torch's TCPStore) authenticates no one and is plaintext, "
+            "so anyone who reaches that address could read and change the run; give a loopback address, or "
+            "--trust-lan on a network only these hosts reach (the site's jobs are the protected way across boards)"
+        )
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _check_dataset(args: argparse.Namespace, model: str, batch_size: int, plan: bool = False) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import io
 import os
 import signal
+import socket
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -111,7 +112,12 @@ class _Device(Waits, Links, DeltaLinks, SplitSteps, Copies, Evaluation, StageAll
         cfg = self.cfg
         store_timeout = timedelta(seconds=self.opts.timeout_s)
         world = None if cfg.coordinated else cfg.world_size
-        self.store = dist.TCPStore(cfg.host, cfg.port, world, cfg.serve_store, timeout=store_timeout)
+        if cfg.serve_store:  # rank 0 of `train --rank`: on the rendezvous address only (TCPStore alone binds all)
+            listener = socket.create_server((cfg.host, cfg.port), backlog=512)
+            self.store = dist.TCPStore(cfg.host, cfg.port, world, True, timeout=store_timeout,
+                                       master_listen_fd=listener.detach())  # fmt: skip
+        else:
+            self.store = dist.TCPStore(cfg.host, cfg.port, world, False, timeout=store_timeout)
         if cfg.coordinated:
             self.hb = Heartbeat(cfg.host, cfg.port, self.name, self.opts.timeout_s)
             self.hb.start()

@@ -226,3 +226,78 @@ def test_a_stranger_on_the_lan_cannot_reach_a_jobs_store(lab):
     low, high = map(int, PORTS.split())
     assert seen["board"] and all(low <= int(a.rsplit(":", 1)[1]) <= high for a in seen["board"]), seen["board"]
     assert "refused:" in seen["stranger"] and "read:" not in seen["stranger"], seen["stranger"]
+
+
+LOGIN = """
+import http.cookiejar, re, ssl, sys, urllib.parse, urllib.request
+url, ca, password = sys.argv[1], sys.argv[2], sys.argv[3]
+context = ssl.create_default_context(cafile=ca) if url.startswith("https:") else None
+jar = http.cookiejar.CookieJar()
+handlers = [urllib.request.HTTPCookieProcessor(jar), urllib.request.HTTPSHandler(context=context)]
+opener = urllib.request.build_opener(*handlers)
+page = opener.open(url + "/accounts/login/", timeout=30).read().decode()
+token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page).group(1)
+form = urllib.parse.urlencode({"username": "admin", "password": password, "csrfmiddlewaretoken": token}).encode()
+request = urllib.request.Request(url + "/accounts/login/", data=form, headers={"Referer": url + "/accounts/login/"})
+opener.open(request, timeout=30).read()
+opener.open(url + "/jobs/", timeout=30).read()
+print("session:" + next(c.value for c in jar if c.name == "sessionid"))
+"""
+
+
+class Capture:
+    """Every frame that crosses a network interface (an AF_PACKET socket, as tcpdump reads them), kept in memory."""
+
+    def __init__(self, interface: str):
+        import socket
+
+        self.sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0003))  # ETH_P_ALL
+        self.sock.bind((interface, 0))
+        self.sock.settimeout(0.2)
+        self.frames: list[bytes] = []
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        while not self.done.is_set():
+            try:
+                self.frames.append(self.sock.recv(65535))
+            except TimeoutError:
+                continue
+
+    def stop(self) -> bytes:
+        self.done.set()
+        self.thread.join(5)
+        self.sock.close()
+        return b"".join(self.frames)
+
+
+def test_a_listener_on_the_lan_reads_no_secret_during_a_whole_job(lab):
+    """The lab's site is on a LAN address, so it serves TLS by default: a listener on the bridge during a board's
+    enrollment, a person's login and a whole job reads no credential, token, cookie, job secret or store byte."""
+    password = "lan-login-pass-123"
+    lab.shell(f"from django.contrib.auth.models import User\nu = User.objects.get(username='admin')\n"
+              f"u.set_password('{password}')\nu.save()\nprint(1)")  # fmt: skip
+    capture = Capture(lab.tb.bridge)
+    try:
+        lab.enroll("nano-9", "jetson-nano", "b3")  # enrolled while listened to: token, credential, certificate
+        lab.wait("nano-9 online", lab.online, 120)
+        out = lab.tb.board("b3").run([sys.executable, "-c", LOGIN, lab.url, str(lab.ca), password],
+                                     capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert out.stdout.startswith("session:"), out.stdout + out.stderr
+        cookie = out.stdout.strip().split(":", 1)[1]
+        final, lines = run_job(lab, {"devices": [name for name, _, _ in DEVICES]})
+    finally:
+        wire = capture.stop()
+    assert final["status"] == "completed", final["message"] + "\n" + "\n".join(lines) + "\n" + lab.tail()
+    assert len(wire) > 1_000_000, len(wire)  # the job's traffic crossed the bridge (activations included)
+    import json
+
+    said = {f"the credential of {name}": json.loads((lab.var / f"agent-{name}.json").read_text())["credential"]
+            for name in [*(d[0] for d in DEVICES), "nano-9"]}  # fmt: skip
+    said |= {"the API token": lab.token, "the session cookie": cookie}
+    readable = [what for what, value in said.items() if value.encode() in wire]
+    markers = (b"store_secret", b"ASTEROID-STORE", b"Bearer ", b"sessionid=", b"enrollment_token")
+    readable += [m.decode() for m in markers if m in wire]
+    assert readable == [], f"read on the LAN: {readable}"

@@ -224,3 +224,9 @@ def test_losing_every_device_suggests_resume_only_with_a_central_replica(tmp_pat
     run.central_done = 4
     note = Membership._central_note(run, resumable=True)
     assert note == f"the central replica as of iteration 4 is in {tmp_path}: continue with --resume {tmp_path}"
+
+
+def test_a_rendezvous_on_the_lan_is_refused_unless_the_lan_is_trusted(capsys, plan_file):
+    """Rank 0's store authenticates no one: a LAN address is said to be exposed, before anything starts."""
+    code, _, err = run(capsys, "train", "--plan", str(plan_file), "--rank", "1", "--rendezvous", "198.18.9.9:29555")
+    assert code == 2 and "authenticates no one" in err and "--trust-lan" in err and len(err.strip().splitlines()) == 1

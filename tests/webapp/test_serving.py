@@ -18,10 +18,19 @@ def settings_in(**env) -> dict:
     """Some settings as a fresh process reads them from `env`."""
     code = (
         "from django.conf import settings as s; import json; print(json.dumps({k: getattr(s, k) for k in "
-        "('ASTEROID_HOST', 'ASTEROID_SITE_URL', 'ALLOWED_HOSTS', 'ASTEROID_STORE_HOST', 'ASTEROID_STORE_PORT')}))"
+        "('ASTEROID_HOST', 'ASTEROID_SITE_URL', 'ALLOWED_HOSTS', 'ASTEROID_STORE_HOST', 'ASTEROID_STORE_PORT', "
+        "'ASTEROID_TLS', 'DEBUG')}))"
     )
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("ASTEROID_", "DJANGO_ALLOWED"))}
-    out = subprocess.run(
+    out = settings_run(code, env)
+    assert out.returncode == 0, out.stderr
+    import json
+
+    return json.loads(out.stdout)
+
+
+def settings_run(code: str, env: dict) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("ASTEROID_", "DJANGO_ALLOWED", "DJANGO_DEBUG"))}
+    return subprocess.run(
         [sys.executable, "-c", f"import django; django.setup(); {code}"],
         cwd=ROOT,
         env={**base, "DJANGO_SETTINGS_MODULE": "webapp.settings", **env},
@@ -29,15 +38,11 @@ def settings_in(**env) -> dict:
         text=True,
         timeout=60,
     )
-    assert out.returncode == 0, out.stderr
-    import json
-
-    return json.loads(out.stdout)
 
 
 def test_the_site_follows_asteroid_host():
     s = settings_in(ASTEROID_HOST="198.18.42.1", ASTEROID_PORT="8123")
-    assert s["ASTEROID_SITE_URL"] == "http://198.18.42.1:8123"
+    assert s["ASTEROID_SITE_URL"] == "https://198.18.42.1:8123"  # a LAN address: TLS unless told otherwise
     assert "198.18.42.1" in s["ALLOWED_HOSTS"] and "127.0.0.1" in s["ALLOWED_HOSTS"]
     assert (s["ASTEROID_STORE_HOST"], s["ASTEROID_STORE_PORT"]) == ("198.18.42.1", 8124)
 
@@ -45,6 +50,18 @@ def test_the_site_follows_asteroid_host():
 def test_defaults_serve_loopback():
     s = settings_in()
     assert s["ASTEROID_SITE_URL"] == "http://127.0.0.1:8000" and s["ASTEROID_STORE_HOST"] == "127.0.0.1"
+    assert s["DEBUG"] and not s["ASTEROID_TLS"]
+
+
+def test_a_lan_site_is_production_by_default_and_debug_there_is_refused_unless_meant(tmp_path):
+    lan = {"ASTEROID_HOST": "198.18.42.1", "ASTEROID_VAR_DIR": str(tmp_path)}
+    s = settings_in(**lan)  # no DJANGO_SECRET_KEY needed: one is kept in the var dir, as in development
+    assert s["ASTEROID_TLS"] and not s["DEBUG"]
+    out = settings_run("print(1)", {**lan, "DJANGO_DEBUG": "1"})
+    assert out.returncode != 0 and "ASTEROID_DEBUG_ON_LAN=1 if you mean it" in out.stderr
+    assert settings_in(**lan, DJANGO_DEBUG="1", ASTEROID_DEBUG_ON_LAN="1")["DEBUG"]
+    plain = settings_in(**lan, ASTEROID_TLS="0")  # plain HTTP only when the administrator says so
+    assert plain["ASTEROID_SITE_URL"] == "http://198.18.42.1:8000" and not plain["ASTEROID_TLS"]
 
 
 def test_a_site_url_behind_a_proxy_is_allowed_too():

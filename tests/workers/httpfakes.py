@@ -26,13 +26,15 @@ class JsonHandler(BaseHTTPRequestHandler):
 
 
 @contextmanager
-def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
-    """A ThreadingHTTPServer with `handler` on 127.0.0.1 at a free port, serving on its own thread: yields its URL,
-    then shuts it down."""
+def serving(handler: type[BaseHTTPRequestHandler], tls=None) -> Iterator[str]:
+    """A ThreadingHTTPServer with `handler` on 127.0.0.1 at a free port, serving on its own thread (HTTPS with the
+    server SSLContext `tls`): yields its URL, then shuts it down."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    if tls is not None:
+        server.socket = tls.wrap_socket(server.socket, server_side=True)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
+        yield f"{'https' if tls else 'http'}://127.0.0.1:{server.server_address[1]}"
     finally:
         server.shutdown()
         server.server_close()

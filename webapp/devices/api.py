@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.core.cache import cache
-from django.http import JsonResponse
+from django.http import HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods, require_POST
 
+from engine import tls
 from webapp.accounts.auth import api, error, json_object
 from webapp.devices.agents import disconnect_agent
 from webapp.devices.forms import DeviceForm
@@ -19,8 +20,14 @@ def agent_command(request, token: str) -> str:
     """The line to paste in the repository's directory on the board: `make agent` runs the agent with the
     checkout's own Python (made the first time), whatever `python` the board's shell has. It names the site's
     configured URL (ASTEROID_SITE_URL, from ASTEROID_HOST and ASTEROID_PORT), which the boards reach, not whatever
-    address this browser used (127.0.0.1 on the site host)."""
-    return f"make agent SERVER={settings.ASTEROID_SITE_URL} TOKEN={token}"
+    address this browser used (127.0.0.1 on the site host). Over TLS it carries the pin of the site's CA bundle
+    (kubeadm's discovery hash): the agent trusts nothing else."""
+    line = f"make agent SERVER={settings.ASTEROID_SITE_URL} TOKEN={token}"
+    if settings.ASTEROID_TLS:
+        from webapp import sitetls
+
+        line += f" CA={sitetls.pin()}"
+    return line
 
 
 def enrollment(request, device: Device, token: str) -> dict:
@@ -61,11 +68,39 @@ def enroll(request):
         return error(400, str(exc))
     if not isinstance(given, str) or not given:
         return error(400, 'send {"token": "ENROLLMENT_TOKEN"}')
+    csr = json_object(request.body).get("csr")
+    if settings.ASTEROID_TLS:  # checked before the token is spent: a bad request loses nothing
+        if not isinstance(csr, str) or not csr:
+            return error(400, "this site serves TLS and gives each board a certificate: send the board's certificate "
+                              'request too ({"token": ..., "csr": PEM}); update the agent')  # fmt: skip
+        try:
+            tls.check_csr(csr.encode())
+        except ValueError as exc:
+            return error(400, f"csr: {exc}")
     result = Device.enroll(given)
     if result is None:
         return error(403, "unknown or already used enrollment token; ask an administrator for a new one")
     device, credential = result
-    return JsonResponse({"device": device.to_dict(), "credential": credential})
+    reply = {"device": device.to_dict(), "credential": credential}
+    if settings.ASTEROID_TLS:
+        from webapp import sitetls
+
+        certificate, serial = sitetls.sign(csr.encode(), device.pk)
+        Device.objects.filter(pk=device.pk).update(cert_serial=serial)
+        reply["certificate"] = certificate.decode("ascii")
+    return JsonResponse(reply)
+
+
+def ca(request):
+    """The CA bundle boards pin (GET, no login: it is public, and the agent checks it against the pin it was
+    given before trusting it); 404 on a site that does not serve TLS."""
+    if request.method != "GET":
+        return error(405, "GET only")
+    if not settings.ASTEROID_TLS:
+        return error(404, "this site does not serve TLS (ASTEROID_TLS=0): it has no CA to pin")
+    from webapp import sitetls
+
+    return HttpResponse(sitetls.bundle(), content_type="application/x-pem-file")
 
 
 LINK_PROBE_MAX_BYTES = 8 * 1024 * 1024  # workers.linkprobe.MAX_BYTES

@@ -43,6 +43,9 @@ class Device(models.Model):
     # Its event stream: the agent process (`session`) and the last event stored from it (duplicates are dropped).
     session = models.CharField(max_length=64, blank=True, editable=False)
     last_seq = models.BigIntegerField(default=0, editable=False)
+    # The serial (hex) of the board certificate the site signed at its enrollment (webapp/sitetls.py); "" for none.
+    # The store gateway admits a job's board by it; a new enrollment token or removing the device revokes it.
+    cert_serial = models.CharField(max_length=40, blank=True, editable=False)
     address = models.CharField(max_length=64, blank=True, help_text="Where other devices reach its agent.")
     group = models.CharField(max_length=64, blank=True, help_text="A group a job may ask for (e.g. lab-a).")
     measured = models.JSONField(default=dict, blank=True, help_text="What its agent measured and reported.")
@@ -108,9 +111,10 @@ class Device(models.Model):
         """A new single-use enrollment token; the current credential stops working now (re-enrollment)."""
         token = new_token("ast_enroll")
         self.enrollment_hash, self.credential_hash, self.session, self.last_seq = token_hash(token), "", "", 0
+        self.cert_serial = ""  # its certificate too: the store gateway admits no board certificate without it
         if self.status in (self.Status.ONLINE, self.Status.BUSY):
             self.status = self.Status.OFFLINE
-        self.save(update_fields=["enrollment_hash", "credential_hash", "session", "last_seq", "status"])
+        self.save(update_fields=["enrollment_hash", "credential_hash", "session", "last_seq", "status", "cert_serial"])
         return token
 
     @classmethod

@@ -71,7 +71,12 @@ def store_gateway(port: int | None = None) -> Gateway:
     global _gateway
     with _gateway_lock:
         if _gateway is None:
-            gateway = Gateway(settings.ASTEROID_HOST, settings.ASTEROID_STORE_PORT if port is None else port)
+            tls = None
+            if settings.ASTEROID_TLS:  # mutual TLS: the site CA's certificate, each board's own (webapp/sitetls.py)
+                from webapp import sitetls
+
+                tls = sitetls.gateway_context()
+            gateway = Gateway(settings.ASTEROID_HOST, settings.ASTEROID_STORE_PORT if port is None else port, tls)
             gateway.start()
             _gateway = gateway
         return _gateway
@@ -113,10 +118,13 @@ class RemoteFleet:
         JobDevice.objects.filter(pk=row.pk).update(state=JobDevice.State.STARTING)
         notify(self.job_id, {"type": "device", "device": name, "state": JobDevice.State.STARTING})
         gateway = store_gateway()  # the job's store listens on loopback (cfg.port): boards come through the gateway
+        serial = Device.objects.filter(pk=row.device_id).values_list("cert_serial", flat=True).first()
+        if serial:  # over TLS, this board's certificate (its current one: a re-enrolled board's old one is not)
+            gateway.admit(self.job_id, serial)
         msg = {
             "type": "start", "job": self.job_id, "coordinated": True, "name": name,
             "host": settings.ASTEROID_STORE_HOST, "port": gateway.port,
-            "store_secret": gateway.open(self.job_id, cfg.port),
+            "store_secret": gateway.open(self.job_id, cfg.port), "store_tls": gateway.tls is not None,
             "generation": cfg.options.generation, "plan": cfg.plan.to_dict(),
             "options": cfg.options.to_dict(), "predicted_iteration_s": cfg.predicted_iteration_s,
         }  # fmt: skip

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 import subprocess
 import sys
 import time
@@ -20,13 +21,15 @@ READY = "Press Ctrl-C to stop."
 EMULATE = {"jetson-nano": "nano", "jetson-tx2": "tx2", "jetson-xavier-nx": "nx"}
 
 
-def site_api(url: str, token: str, path: str, body: dict | None = None) -> dict:
-    """The site's JSON API at `url` with an API token: GET `path`, or POST `body` to it."""
+def site_api(url: str, token: str, path: str, body: dict | None = None, ca: Path | None = None) -> dict:
+    """The site's JSON API at `url` with an API token: GET `path`, or POST `body` to it; an https site's
+    certificate is checked against the CA bundle `ca` (the site's var/tls/bundle.pem)."""
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(url + path, data=data, method="POST" if data is not None else "GET")
     request.add_header("Authorization", f"Bearer {token}")
     request.add_header("Content-Type", "application/json")
-    with urllib.request.urlopen(request, timeout=30) as response:
+    context = ssl.create_default_context(cafile=str(ca)) if ca is not None and url.startswith("https:") else None
+    with urllib.request.urlopen(request, timeout=30, context=context) as response:
         return json.loads(response.read())
 
 
@@ -55,7 +58,9 @@ class Lab:
             ASTEROID_HEARTBEAT_S="2", PYTHONUNBUFFERED="1",
         )  # fmt: skip
         self.env.update({k: str(v) for k, v in settings.items()})
-        self.url = f"http://{tb.site_address}:{port}"
+        tls = self.env.get("ASTEROID_TLS", "1") not in ("0", "false", "no", "off")  # a LAN address: TLS by default
+        self.url = f"{'https' if tls else 'http'}://{tb.site_address}:{port}"
+        self.ca = self.var / "tls" / "bundle.pem"  # the site's CA, made on its first start
         self.log = self.var / "system.log"
         self.proc: subprocess.Popen | None = None
         self.agents: dict[str, subprocess.Popen] = {}  # device name -> its agent process
@@ -94,10 +99,11 @@ class Lab:
         made = self.api("/api/devices/", {"name": name, "kind": kind})
         words = dict(w.split("=", 1) for w in made["command"].split() if "=" in w)  # make agent SERVER=... TOKEN=...
         server = words["SERVER"]  # the site's configured URL, not a browser's Host
+        pin = ["--ca", words["CA"]] if "CA" in words else []  # over TLS: the pin of the site's CA
         log = open(self.var / f"agent-{name}.log", "a")  # noqa: SIM115 (open while the agent runs)
         self.agents[name] = self.tb.board(board).popen(
             [sys.executable, "-m", "workers.agent", "--server", server, "--token", made["enrollment_token"],
-             "--emulate", EMULATE[kind], "--state", str(self.var / f"agent-{name}.json")],
+             "--emulate", EMULATE[kind], "--state", str(self.var / f"agent-{name}.json"), *pin],
             cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
 
@@ -112,7 +118,7 @@ class Lab:
     # -- talking to it ----------------------------------------------------------------------------------
 
     def api(self, path: str, body: dict | None = None) -> dict:
-        return site_api(self.url, self.token, path, body)
+        return site_api(self.url, self.token, path, body, self.ca)
 
     def launch(self, job_id: int, timeout: float = 30) -> dict:
         """Launch a planned job. While a device of its plan is not online, the site answers 409 and says to wait (a
