@@ -5,7 +5,7 @@ A run's event stream is a sequence of messages, JSON-ready dicts with a `type`:
 | type           | sent by                    | what it says                                                      |
 |----------------|----------------------------|-------------------------------------------------------------------|
 | `run-start`    | launcher                   | the plan and the number of iterations                             |
-| `device-start` | each device                | its rank, stage, dilation and pid; it is training                 |
+| `device-start` | each device                | its rank, stage, dilation, pid and compute device; it is training |
 | `step`         | each device                | one compute step, transfer or all-reduce (a `StepEvent`)          |
 | `iteration`    | rank 0                     | an iteration's loss, device-time length and throughput            |
 | `eval`         | rank 0                     | held-out loss and accuracy after an iteration (`--eval-every`)    |
@@ -81,9 +81,12 @@ class DeviceStart(Event):
     pid: int = 0
     generation: int = 0
     setup_real_s: float = 0.0  # real seconds it took to form this generation's process groups
+    compute: str = ""  # where its stage computes (engine.runtime.placement): "cpu", "cuda:0 (NVIDIA Orin)"
 
     def line(self) -> str:
-        return f"{self.device} started: rank {self.rank}, stage {self.stage}, time dilation {self.dilation or 1:.1f}"
+        where = f", on {self.compute}" if self.compute else ""
+        dilation = f"time dilation {self.dilation or 1:.1f}"
+        return f"{self.device} started: rank {self.rank}, stage {self.stage}, {dilation}{where}"
 
 
 @dataclass(frozen=True)

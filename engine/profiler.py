@@ -102,8 +102,13 @@ class ModelProfile:
         return profile
 
 
-def host_id() -> str:
-    """This host as a filename-safe id: CPU model and torch version (profiles run on one thread)."""
+def host_id(device: str = "cpu") -> str:
+    """This host as a filename-safe id: CPU model and torch version (profiles run on one thread), or on a GPU its
+    name and torch's CUDA version."""
+    if device != "cpu":
+        name = torch.cuda.get_device_name(torch.device(device))
+        raw = f"gpu-{name}-cuda{torch.version.cuda}-torch{torch.__version__}"
+        return re.sub(r"[^A-Za-z0-9._-]+", "-", raw).strip("-")
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -172,25 +177,34 @@ def _counted_pass(layer: nn.Module, x: Tensor) -> tuple[float, int]:
     return float(counter.get_total_flops()), sum(saved.values())
 
 
+def _clock(device: torch.device):
+    """A timestamp function for work on `device`: on a GPU, after the work queued so far has run (synchronised)."""
+    if device.type == "cuda":
+        return lambda: (torch.cuda.synchronize(device), time.perf_counter())[1]
+    return time.perf_counter
+
+
 def _time_layer(layer: nn.Module, x: Tensor, repeats: int, warmup: int) -> tuple[float, float, float, Tensor]:
     """Median forward, backward and input-gradient-only backward seconds (whole micro-batch; the last is the
-    whole backward where the input takes no gradient), and the layer's output."""
+    whole backward where the input takes no gradient), and the layer's output. On a GPU each part is timed from
+    when the work before it has finished to when its own has (not when its kernels were queued)."""
     forward, backward, input_only = [], [], []
     grad = None
+    clock = _clock(x.device)
     for r in range(warmup + repeats):
         layer.zero_grad(set_to_none=True)
         x.grad = None
-        t0 = time.perf_counter()
+        t0 = clock()
         y = layer(x)
-        t1 = time.perf_counter()
+        t1 = clock()
         if y.requires_grad:
             if grad is None:
                 grad = torch.randn_like(y)
             y.backward(grad, retain_graph=x.requires_grad)
-        t2 = time.perf_counter()
+        t2 = clock()
         if x.requires_grad:
             torch.autograd.grad(y, x, grad)  # autograd skips the weight gradients nobody asked for
-        t3 = time.perf_counter()
+        t3 = clock()
         if r >= warmup:
             forward.append(t1 - t0)
             backward.append(t2 - t1)
@@ -233,8 +247,10 @@ def profile_model(
     warmup: int = 2,
     optimizer: str = "sgd",
     progress: bool = False,
+    device: str = "cpu",
 ) -> ModelProfile:
-    """Profile every layer of `spec` in training mode on the input it really receives at `micro_batch`."""
+    """Profile every layer of `spec` in training mode on the input it really receives at `micro_batch`, on `device`
+    ("cpu", or "cuda": the GPU's times, for a board that computes there)."""
     if micro_batch < 1 or repeats < 1 or warmup < 0:
         raise UserError(
             f"profiling needs micro_batch >= 1, repeats >= 1, warmup >= 0; got {micro_batch}, {repeats}, {warmup}"
@@ -246,18 +262,19 @@ def profile_model(
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _profile(spec, micro_batch, repeats, warmup, optimizer, progress)
+        return _profile(spec, micro_batch, repeats, warmup, optimizer, progress, torch.device(device))
     finally:
         torch.set_num_threads(threads)
 
 
 def _profile(
-    spec: ModelSpec, micro_batch: int, repeats: int, warmup: int, optimizer: str, progress: bool
+    spec: ModelSpec, micro_batch: int, repeats: int, warmup: int, optimizer: str, progress: bool, device: torch.device
 ) -> ModelProfile:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        layers = spec.layers()
+        layers = [layer.to(device) for layer in spec.layers()]
         x, _ = spec.example_batch(micro_batch)
+        x = x.to(device)
         profiles = []
         with Progress(len(layers), f"profiling {spec.name} (micro-batch {micro_batch})", progress) as bar:
             input_bytes = x.numel() * x.element_size() // micro_batch
@@ -266,7 +283,7 @@ def _profile(
                 profile, x = _profile_layer(i, layer, x, micro_batch, repeats, warmup, optimizer)
                 profiles.append(profile)
                 bar.update(note=profile.name)
-    return ModelProfile(spec.name, micro_batch, host_id(), optimizer, input_bytes, tuple(profiles))
+    return ModelProfile(spec.name, micro_batch, host_id(device.type), optimizer, input_bytes, tuple(profiles))
 
 
 def default_cache_dir() -> Path:
@@ -275,10 +292,12 @@ def default_cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "asteroid" / "profiles"
 
 
-def cache_path(model: str, micro_batch: int, optimizer: str = "sgd", cache_dir: str | Path | None = None) -> Path:
-    """Where the profile of `model` at `micro_batch` with `optimizer` on this host is cached."""
+def cache_path(
+    model: str, micro_batch: int, optimizer: str = "sgd", cache_dir: str | Path | None = None, device: str = "cpu"
+) -> Path:
+    """Where the profile of `model` at `micro_batch` with `optimizer` on this host (its CPU or GPU) is cached."""
     directory = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    return directory / f"{model}-mb{micro_batch}-{optimizer}-{host_id()}.json"
+    return directory / f"{model}-mb{micro_batch}-{optimizer}-{host_id(device)}.json"
 
 
 def cached_profile(
@@ -288,6 +307,7 @@ def cached_profile(
     refresh: bool = False,
     progress: bool = False,
     optimizer: str = "sgd",
+    device: str = "cpu",
     **kw,
 ) -> ModelProfile:
     """The cached profile if there is a valid one, else a fresh one (written back atomically).
@@ -295,7 +315,7 @@ def cached_profile(
     `kw` goes to `profile_model` (repeats, warmup). A corrupt or outdated cache file is re-profiled.
     """
     spec = get_model(name_or_spec) if isinstance(name_or_spec, str) else name_or_spec
-    path = cache_path(spec.cache_name, micro_batch, optimizer, cache_dir)
+    path = cache_path(spec.cache_name, micro_batch, optimizer, cache_dir, device)
     if not refresh and path.is_file():
         try:
             cached = ModelProfile.from_dict(json.loads(path.read_text()))
@@ -303,13 +323,13 @@ def cached_profile(
                 spec.name,
                 micro_batch,
                 optimizer,
-                host_id(),
+                host_id(device),
             ):
                 return cached
         except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
             pass  # corrupt or outdated: profile again below
     _make_cache_dir(path.parent, cache_dir)  # before profiling: a bad directory is one line at once
-    profile = profile_model(spec, micro_batch, optimizer=optimizer, progress=progress, **kw)
+    profile = profile_model(spec, micro_batch, optimizer=optimizer, progress=progress, device=device, **kw)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
         tmp.write_text(json.dumps(profile.to_dict(), indent=1))

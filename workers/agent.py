@@ -194,7 +194,8 @@ def check_packages() -> None:
     if missing:
         raise UserError(
             f"this Python ({sys.executable}) has no {', '.join(missing)}: run the agent from the repository's "
-            "directory with `make agent SERVER=... TOKEN=...` (it sets up and uses the checkout's .venv); "
+            "directory with `make agent SERVER=... TOKEN=...` (it sets up the agent's own .venv-agent, keeping a "
+            "system torch); "
             "the enrollment token is still unused"
         )
 

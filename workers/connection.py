@@ -27,6 +27,9 @@ from workers.outbox import Outbox
 from workers.site import Site
 
 log = logging.getLogger("workers.connection")
+# asyncio.wait_for's timeout (not `asyncio.timeout`, new in 3.11): the builtin TimeoutError from Python 3.11, a class
+# of its own on 3.10, JetPack 6's Python, which the agent runs on beside NVIDIA's torch
+WAIT_TIMEOUT = asyncio.TimeoutError  # noqa: UP041
 
 REFUSED_CODE = 4401  # close code of a bad or revoked credential
 MAX_EVENTS = 200  # events per `events` message (protocol)
@@ -108,12 +111,15 @@ class _Acked:
 
     async def until(self, seq: int, timeout: float) -> None:
         """Return once `seq` is acknowledged, or after `timeout` seconds."""
+
+        async def acknowledged() -> None:
+            while self.seq < seq:
+                self._changed.clear()
+                await self._changed.wait()
+
         try:
-            async with asyncio.timeout(timeout):
-                while self.seq < seq:
-                    self._changed.clear()
-                    await self._changed.wait()
-        except TimeoutError:
+            await asyncio.wait_for(acknowledged(), timeout)
+        except WAIT_TIMEOUT:
             pass
 
 
@@ -188,7 +194,7 @@ class Connection:
             log.info("disconnected from %s: %s; retrying in %.1f s", self.site.url, reason, delay)
             try:
                 await asyncio.wait_for(stop.wait(), delay)
-            except TimeoutError:
+            except WAIT_TIMEOUT:
                 pass
 
     async def _until_stopped(self, stop: asyncio.Event) -> None:
@@ -253,23 +259,32 @@ class Connection:
         """The site's reply to hello, and what came before it (a site that sends a coordinator's `start` ahead of
         the welcome): kept, with when it came, and handled once connected."""
         early = []
-        async with asyncio.timeout(WELCOME_TIMEOUT_S):
+
+        async def welcome() -> dict:
             while True:
                 raw = await ws.recv()
                 received, msg = time.monotonic(), _parse(raw)
                 if msg.get("type") == "welcome":
-                    return msg, early
+                    return msg
                 log.info("the site sent %s before its welcome; handled after it", _describe(msg))
                 early.append((msg, received))
+
+        try:
+            return await asyncio.wait_for(welcome(), WELCOME_TIMEOUT_S), early
+        except WAIT_TIMEOUT:
+            raise TimeoutError(f"no welcome from the site in {WELCOME_TIMEOUT_S} s") from None
 
     async def _goodbye(self, ws: ClientConnection) -> None:
         """Stopping: end any run (its `job-stopped` event included) and send what is left, briefly."""
         await asyncio.to_thread(self.runner.shutdown)
+
+        async def send_pending() -> None:
+            for text in event_messages(self.outbox.pending()):
+                await ws.send(text)
+
         try:
-            async with asyncio.timeout(2.0):
-                for text in event_messages(self.outbox.pending()):
-                    await ws.send(text)
-        except (TimeoutError, ConnectionClosed):
+            await asyncio.wait_for(send_pending(), 2.0)
+        except (WAIT_TIMEOUT, ConnectionClosed):
             pass
 
     async def _receive(self, ws: ClientConnection, early: list[tuple[dict, float]]) -> None:

@@ -311,7 +311,8 @@ class Runner:
         kind = ev.get("type")
         if kind == "device-start":
             seen.iteration = max(seen.iteration, 0)  # training: iteration 0 is under way
-            log.info("job %s: device %s training (dilation %s)", job, ev.get("device"), ev.get("dilation"))
+            where = ev.get("compute") or "cpu"
+            log.info("job %s: device %s training on %s (dilation %s)", job, ev.get("device"), where, ev.get("dilation"))
         elif kind == "step":
             seen.iteration = max(seen.iteration, ev.get("iteration", -1))
         elif kind == "device-error":

@@ -25,6 +25,11 @@ class Capacity:
     # A board of no known kind: its latency-predictor probe (engine.predictor.probe), so the site can plan with
     # per-layer predictions for it instead of one GFLOPS figure. None for known kinds and emulated ones.
     probe: dict | None = None
+    # Where its device processes compute (engine.runtime.placement, `--device auto`): "cuda" with the GPU's name and
+    # memory (a Jetson's is the board's, shared with its CPU), or "cpu".
+    compute: str = "cpu"
+    gpu: str = ""
+    gpu_memory: int = 0
 
     def to_dict(self) -> dict:
         doc = asdict(self)
@@ -36,17 +41,22 @@ class Capacity:
 
 def measure(emulate: str | None = None) -> Capacity:
     """Benchmark the host; with `emulate` (a kind or alias) report that kind's speed and memory instead."""
+    from engine.runtime.placement import Accelerator
+
     host = matmul_gflops()
+    gpu = Accelerator.of_host()
+    where = {"compute": gpu.device, "gpu": gpu.name, "gpu_memory": gpu.memory_bytes}
     if emulate:
         kind = get_kind(emulate)
-        return Capacity(kind.key, True, int(kind.memory_gb * GIB), kind.gflops, host)
+        return Capacity(kind.key, True, int(kind.memory_gb * GIB), kind.gflops, host, **where)
     kind = board_kind()
     probe = None
     if kind == CUSTOM:  # no known kind: a few layers timed here (seconds) let the predictor fill in every other
+        from engine.predictor.configs import Config
         from engine.predictor.probe import run_probe
 
-        probe = run_probe()
-    return Capacity(kind, False, memory_bytes(), host, host, probe)
+        probe = run_probe(Config("here", device=gpu.device))  # where its stages will compute (synchronised on a GPU)
+    return Capacity(kind, False, memory_bytes(), host, host, probe, **where)
 
 
 def matmul_gflops(n: int = 512, seconds: float = BENCH_S) -> float:

@@ -1,5 +1,5 @@
 """Benchmarks, kept apart from the library: `python -m engine bench planner|reproduce|recovery|compression|predictor|
-spread|ideal|schedule|usermodels` (arguments in engine/cli/parser.py).
+spread|ideal|schedule|usermodels|gpu` (arguments in engine/cli/parser.py).
 
 planner.py: planning time and every method's predicted throughput; reproduce.py: every method trained on emulated
 clusters A-D, and its summaries as plain data; render.py: those summaries as markdown and a Plotly figure.
@@ -18,8 +18,23 @@ def run(args: argparse.Namespace) -> str:
     """The markdown report of the benchmark `args.name`, from the `python -m engine bench` arguments."""
     benches = {"planner": run_planner, "reproduce": run_reproduce, "recovery": run_recovery}
     benches |= {"compression": run_compression, "predictor": run_predictor, "spread": run_spread, "ideal": run_ideal}
-    benches |= {"schedule": run_schedule, "usermodels": run_usermodels}
+    benches |= {"schedule": run_schedule, "usermodels": run_usermodels, "gpu": run_gpu}
     return benches[args.name](args)
+
+
+def run_gpu(args: argparse.Namespace) -> str:
+    """The GPU check: its lines as they come (on stdout), then its summary; a failed check is an error."""
+    from engine.bench.gpu import gpu_check
+
+    lines: list[str] = []
+
+    def say(line: str) -> None:
+        lines.append(line)
+        print(line, file=sys.stderr, flush=True)
+
+    if not gpu_check(args.device, say):
+        raise UserError(f"gpu-check failed: {lines[-1]}")
+    return "\n".join(lines)
 
 
 def run_planner(args: argparse.Namespace) -> str:

@@ -296,6 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
             "ideal",
             "schedule",
             "usermodels",
+            "gpu",
         ],
         help="planner: planning time and predicted throughput; reproduce: train every method on clusters A-D; "
         "recovery: recovery from killed devices against a checkpoint-restart baseline; compression: training at "
@@ -305,9 +306,12 @@ def build_parser() -> argparse.ArgumentParser:
         "ideal, by batch size (simulated; default clusters B and C at 1000 Mbps); schedule: 1F1B against the "
         "zero-bubble schedules on Asteroid's plans, simulated and trained (default mobilenetv2 and gpt-small on B "
         "and C at 1000 Mbps; --quick: simulated only); usermodels: a lab's own models (examples/), captured, planned "
-        "on A-D and trained on C (--quick: not trained)",
+        "on A-D and trained on C (--quick: not trained); gpu: the GPU check (make gpu-check): pipelines equal to one "
+        "process, a recovery, measured against predicted time and memory, GPU against CPU, every process on the "
+        "GPU (--device cpu: the same on the CPU)",
     )
     b.add_argument("--quick", action="store_true", help="a small grid, for a fast look")
+    b.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="gpu: where the check computes")
     b.add_argument("--timeout", type=_positive_float, default=60.0, help="planner: seconds allowed per cell")
     b.add_argument("--output", type=_path, help="also write the markdown report to this file")
     b.add_argument(

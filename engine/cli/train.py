@@ -45,6 +45,8 @@ _RESUME_KEEPS = {
     "--eval-samples": "eval_samples", "--replicate-every": "replicate_every", "--run-dir": None,
     "--init": "init", "--input-shape": None, "--seq-len": None,
 }  # fmt: skip
+# Run options a resumed run may change: where it computes (a run saved on a CPU goes on on a GPU, and back)
+_RESUME_MAY_CHANGE = ("device",)
 
 
 def _resume_keeps() -> dict[str, str | None]:
@@ -52,7 +54,8 @@ def _resume_keeps() -> dict[str, str | None]:
     cannot escape the check."""
     from engine.runtime.options import settable
 
-    return {**_RESUME_KEEPS, **{"--" + name.replace("_", "-"): name for name in settable()}}
+    flags = {"--" + name.replace("_", "-"): name for name in settable() if name not in _RESUME_MAY_CHANGE}
+    return {**_RESUME_KEEPS, **flags}
 
 
 def _given(args: argparse.Namespace, flags) -> list[str]:
@@ -147,6 +150,14 @@ def _resolve_recipe(args: argparse.Namespace, model: str) -> None:
     RunOptions(iterations=args.iterations, **{name: getattr(args, name) for name in settable()})
 
 
+def _check_device(device: str, precision: str | None) -> None:
+    """UserError, before any planning, when this host cannot compute where the run asks (--device cuda without a
+    GPU, bf16 on a GPU without it): every device process of a local run (or this one of --rank) runs here."""
+    from engine.runtime.placement import Placement
+
+    Placement.resolve(device).check_precision(precision or "fp32")
+
+
 def is_weights_file(path: str) -> bool:
     """Whether `--save PATH` names a state_dict file (else, for a Hugging Face model, a model folder)."""
     from engine.models.weights import WEIGHT_SUFFIXES
@@ -168,6 +179,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise UserError("a distributed run needs both --rank and --rendezvous")
     if args.rank is not None:
         _check_distributed(args)
+    _check_device(args.device, args.precision)
     outputs = (("--save", args.save), ("--events", args.events), ("--trace", args.trace))
     for option, path in outputs:
         if option == "--save" and path and (args.model or "").startswith("hf:") and not is_weights_file(path):
@@ -250,7 +262,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             compression=None if args.plan else compression_text(*args.compression),  # a plan file: its own levels
         )
     else:
-        options = replace(options, save_model=bool(args.save))
+        options = replace(options, save_model=bool(args.save), device=args.device)
     if args.rank is not None:
         return _train_one_device(args, plan, w, options)
     run_dir = args.run_dir or time.strftime("runs/%Y%m%d-%H%M%S")

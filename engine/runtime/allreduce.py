@@ -48,7 +48,7 @@ def tied_groups(spec, plan, name: str) -> list[tuple[tuple, list[str], bool]]:
 
 
 class StageAllReduce:
-    """Mixin of the device (engine.runtime.worker). Needs `stage_group`, `params`, `layers`, `plan`, `st`,
+    """Mixin of the device (engine.runtime.worker). Needs `stage_group`, `params`, `layers`, `place`, `plan`, `st`,
     `cluster`, `stage`, `gen`, `clock`, `link_free` and the device's `_fault`, `_event` and wait helpers.
 
     The stage's gradients go to its ring in buckets (engine.buckets) during the device's last gradient step of
@@ -113,7 +113,7 @@ class StageAllReduce:
             self._sent.append(([], [], None, None))
             return
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        flat = torch.cat([g.reshape(-1) for g in grads])
+        (flat,) = self.place.host([torch.cat([g.reshape(-1) for g in grads])])  # gloo's ring runs on the host
         if self.plan.allreduce == "off":
             work = self._allreduce(flat, self.stage_group)
         else:  # the hook sends 16-bit floats and averages (as DDP does); the stage sums its devices' gradients
@@ -151,9 +151,12 @@ class StageAllReduce:
         a, b = self.stage_plan.start, self.stage_plan.end
         for group, tie, first in self.ties:
             p = next(self.layers[i].get_parameter(n) for i, n in tie if a <= i < b)
-            total = p.grad.detach().clone() if first and p.grad is not None else torch.zeros_like(p)
+            if first and p.grad is not None:
+                (total,) = self.place.host([p.grad.detach().clone()])  # on the host: gloo's
+            else:
+                total = torch.zeros(p.shape, dtype=p.dtype)
             self._wait(self._allreduce(total, group), "the tied weights' all-reduce")
-            p.grad = total
+            p.grad = self.place.load(total)
 
     def _norm_params(self) -> list:
         """The weights whose gradients this device adds to the global norm (engine.recipe.squares): its stage's,
@@ -182,6 +185,7 @@ class StageAllReduce:
             self._wait(work, "the stage all-reduce")
             if self.plan.allreduce != "off":
                 flat.mul_(size)
+            flat = self.place.load(flat)
             offset = 0
             for p, g in zip(params, grads):
                 p.grad = flat[offset : offset + g.numel()].view_as(g)

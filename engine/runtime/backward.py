@@ -20,8 +20,6 @@ from torch.distributed.pipelining._backward import (
     stage_backward_weight,
 )
 
-from engine.runtime.emulation import now
-
 
 class SplitBackward:
     """The pending W of each micro-batch of one stage, between its B and its W."""
@@ -64,7 +62,7 @@ class SplitBackward:
 
 class SplitSteps:
     """Mixin of the device (engine.runtime.worker): its B and W steps under a zero-bubble schedule. Needs its
-    stage (`st`, `first`, `last`, `clock`, `memory`), the messages (engine.runtime.links) and `_fault`,
+    stage (`st`, `first`, `last`, `clock`, `memory`, `place`), the messages (engine.runtime.links) and `_fault`,
     `_event`, `_compute_s`."""
 
     def _split_step(self, act, k: int, split: SplitBackward, pending, inputs, outputs, outbox) -> None:
@@ -73,8 +71,9 @@ class SplitSteps:
         st, clock, kind, mb = self.st, self.clock, act.kind, act.micro_batch
         if kind == "B":
             grad = None if self.last else self.receive(pending, "B", mb)
-            start = now()
+            timer = self.place.timer()
             dx = split.input_gradient(mb, outputs.pop(mb), grad, inputs[mb])
+            start = timer.started()  # on a GPU: from its CUDA events (engine.runtime.placement)
             self._fault(k, "backward")
             if self.first:  # its whole backward is W: B only took the gradient in
                 return
@@ -82,9 +81,10 @@ class SplitSteps:
             self._event("B", mb, start, end)
             self.send(dx, st.send_backward, "B", mb, outbox)
         else:
-            start = now()
+            timer = self.place.timer()
             with self._finals(act) as final:
                 split.weight_gradient(mb, final)
+            start = timer.started()
             inputs.pop(mb)
             self.memory.release(mb)
             end = clock.pad(start, self._compute_s(st.weight_s, k))

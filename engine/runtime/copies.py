@@ -22,8 +22,8 @@ RESTORE_TAG = 1 << 21  # restore piece i uses RESTORE_TAG + 2 i (+1 for its payl
 
 class Copies:
     """Mixin of the device (engine.runtime.worker). Needs `layers`, `own`, `live`, `snapshot`, `replica`,
-    `optimizer`, `delta_in`, `delta_out`, `memory`, `store`, `ranks`, the `world` and `train` groups, `clock` and
-    the wait helpers."""
+    `optimizer`, `place`, `delta_in`, `delta_out`, `memory`, `store`, `ranks`, the `world` and `train` groups,
+    `clock` and the wait helpers."""
 
     def _report(self, number: int) -> None:
         """Tell the coordinator which copies of which layers this device holds now."""
@@ -122,12 +122,15 @@ class Copies:
             self.precision.restore(scales[0])
         stage = next(st for st in gen.plan.stages if self.name in [s.name for s in st.devices])
         self.own = (stage.start, stage.end)
+        # its stage's layers on the device it computes on, the others on the host (engine.runtime.placement)
+        self.place.home(self.layers[: stage.start] + self.layers[stage.end :])
+        self.place.put(self.layers[stage.start : stage.end])
         own = [p for layer in self.layers[stage.start : stage.end] for p in layer.parameters() if p.requires_grad]
         self.params = list({id(p): p for p in own}.values())  # a weight two of its layers hold (tied) once
         self.optimizer = make_optimizer(self.params, self.opts)
         for p in self.params:
             if held.get(p):  # trained before: its momentum, moments and step count go on
-                self.optimizer.state[p] = held[p]
+                self.optimizer.state[p] = self.place.state(p, held[p])
         self.live = gen.start
         self.live_valid = True
         if gen.pieces and any(p.kind != SEED for p in gen.pieces if p.to == self.name):

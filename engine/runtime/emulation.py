@@ -130,25 +130,42 @@ class DeviceOutOfMemory(UserError):
 class MemoryMeter:
     """Counts the bytes a device really holds: weights, the trained ones' gradients and optimizer state and, per
     micro-batch in flight, the tensors autograd saved for the backward pass (each storage once, weights excluded),
-    and the copies it keeps (`held`: its snapshot, its neighbour's replica and its activation-change memories)."""
+    and the copies it keeps (`held`: its snapshot, its neighbour's replica and its activation-change memories).
+
+    On a GPU (`place`, engine.runtime.placement) the stage's bytes are what torch's allocator holds for this process
+    (`torch.cuda.memory_allocated`, its peak since the stage began), and the host-held copies count too where the GPU
+    shares the board's memory (a Jetson: one budget for both)."""
 
     def __init__(
         self, device: str, budget: int | None, weights: list[torch.Tensor], trained: list[torch.Tensor],
-        optimizer_states: int, held: int = 0,
+        optimizer_states: int, held: int = 0, place=None,
     ):  # fmt: skip
         self.device = device
         self.budget = budget
+        self.place = place if place is not None and place.cuda else None
+        if self.place is not None:
+            self.place.reset_peak()
         size = lambda ps: sum(p.numel() * p.element_size() for p in {id(p): p for p in ps}.values())  # noqa: E731
         self.training = size(weights) + size(trained) * (1 + optimizer_states)
         self.static = self.training + held
         self._params = {p.untyped_storage().data_ptr() for p in weights}
         self._held: dict[int, int] = {}
-        self.peak = self.static
+        self.peak = self.static if self.place is None else 0
         self._check()
 
     @property
     def current(self) -> int:
+        if self.place is not None:
+            return self.place.allocated()[0] + self._host_held()
         return self.static + sum(self._held.values())
+
+    def _host_held(self) -> int:
+        return self.static - self.training if self.place.integrated else 0
+
+    def measure(self) -> int:
+        """The peak so far (on a GPU, read from its allocator now)."""
+        self._check()
+        return self.peak
 
     @contextlib.contextmanager
     def forward(self, micro_batch: int) -> Iterator[None]:
@@ -181,7 +198,7 @@ class MemoryMeter:
 
     def _check(self) -> None:
         used = self.current
-        self.peak = max(self.peak, used)
+        self.peak = max(self.peak, used if self.place is None else self.place.allocated()[1] + self._host_held())
         if self.budget is not None and used > self.budget:
             raise DeviceOutOfMemory(
                 f"device {self.device} ran out of memory: it holds {used / GIB:.2f} GiB "

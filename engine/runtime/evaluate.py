@@ -102,13 +102,13 @@ class Evaluation:
                 outbox: list = []
                 for mb in range(plan.micro_batches):
                     mine = indices[mb * m + st.lo : mb * m + st.hi]
-                    x = load(data, mine)[0] if self.first else self.receive(pending, "F", mb)
-                    start = now()
+                    x = self.place.load(load(data, mine)[0]) if self.first else self.receive(pending, "F", mb)
+                    timer = self.place.timer()
                     with self.precision.autocast():
                         out = self.module(x)
                     if self.last and score is not None:
-                        score(out, load(data, mine)[1])
-                    self.clock.pad(start, self._compute_s(st.forward_s, k))
+                        score(out, self.place.load(load(data, mine)[1]))
+                    self.clock.pad(timer.started(), self._compute_s(st.forward_s, k))
                     if not self.last:
                         self.send(out, st.send_forward, "F", mb, outbox, base=EVAL_TAG)
                 for peer, _, work in outbox:

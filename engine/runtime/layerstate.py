@@ -1,5 +1,5 @@
-"""A layer's whole training state (weights, buffers, optimizer state) as plain tensors: captured, moved as bytes,
-put back.
+"""A layer's whole training state (weights, buffers, optimizer state) as plain host tensors: captured, moved as
+bytes, put back (into layers on the host or a GPU).
 
     states = capture(layers, 6, 12, optimizer)     # {6: {"p.weight": ..., "b.running_mean": ..., "o.weight.step": ...}}
     data = to_bytes(states); states = from_bytes(data)
@@ -26,15 +26,20 @@ def capture(layers: list[nn.Module], start: int, end: int, optimizer: torch.opti
     for index in range(start, end):
         layer, state = layers[index], {}
         for name, p in layer.named_parameters():
-            state[f"p.{name}"] = p.detach().clone()
+            state[f"p.{name}"] = _copy(p)
             held = optimizer.state.get(p, {}) if optimizer is not None else {}
             for what, value in held.items():
                 if torch.is_tensor(value):
-                    state[f"o.{name}.{what}"] = value.detach().clone()
+                    state[f"o.{name}.{what}"] = _copy(value)
         for name, b in layer.named_buffers():
-            state[f"b.{name}"] = b.detach().clone()
+            state[f"b.{name}"] = _copy(b)
         out[index] = state
     return out
+
+
+def _copy(t: torch.Tensor) -> torch.Tensor:
+    """A host copy (a layer on a GPU keeps its copies in the host's memory, and they travel as bytes)."""
+    return t.detach().to("cpu", copy=True)
 
 
 def apply(layers: list[nn.Module], states: LayerStates) -> dict[nn.Parameter, dict[str, torch.Tensor]]:
@@ -68,7 +73,7 @@ def to_bytes(states: LayerStates) -> bytes:
 
 
 def from_bytes(data: bytes) -> LayerStates:
-    return torch.load(io.BytesIO(data), weights_only=True)
+    return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
 
 
 def buffers(layers: list[nn.Module], start: int, end: int) -> list[tuple[torch.Tensor, torch.Tensor]]:

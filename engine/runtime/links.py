@@ -15,8 +15,8 @@ from engine.runtime.emulation import now
 
 class Links:
     """Mixin of the device (engine.runtime.worker). Needs its stage (`st`, `plan`, `shape_in/out`, `bits_in/out`),
-    `ranks`, the `train` group, `clock`, `link_free`, the delta memories (engine.runtime.deltalinks) and the wait
-    helpers (engine.runtime.waits)."""
+    where it computes (`place`), `ranks`, the `train` group, `clock`, `link_free`, the delta memories
+    (engine.runtime.deltalinks) and the wait helpers (engine.runtime.waits)."""
 
     def _tag(self, micro_batch: int, kind: str, part: int) -> int:
         return (micro_batch * 2 + (kind == "B")) * 2 + part
@@ -67,13 +67,13 @@ class Links:
         if end - start > 1e-4:
             self._event("recv", mb, start, end)
         bits, shape = (self.bits_in, self.shape_in) if kind == "F" else (gradient_bits(self.bits_out), self.shape_out)
-        parts = [
+        parts = [  # on the host (gloo's), then onto the device the stage computes on (engine.runtime.placement)
             p.float() if bits >= OFF
             else delta.decode(t.peer, self._delta_samples(mb, t.lo, t.hi), p, shape, bits) if delta is not None
             else decode(p, (t.hi - t.lo, *shape), bits)
             for t, _, p, _, delta in got
         ]  # fmt: skip
-        return torch.cat(parts) if len(parts) > 1 else parts[0]
+        return self.place.load(torch.cat(parts) if len(parts) > 1 else parts[0])
 
     def send(self, tensor: torch.Tensor, moves, kind: str, mb: int, outbox: list, base: int = 0) -> None:
         """Send each peer its slice without waiting: the sends queue on the device's emulated outgoing link (one
@@ -81,8 +81,10 @@ class Links:
         # activations go to the next stage over the boundary after this one, gradients back over the one before
         bits = self.bits_out if kind == "F" else gradient_bits(self.bits_in)
         delta = self.delta_out if kind == "F" and base == 0 else None
-        for t in moves:
-            payload = tensor[t.lo - self.st.lo : t.hi - self.st.lo].detach().float().contiguous()
+        # the slices on the host (from a GPU: copied beside its compute, engine.runtime.placement)
+        hosted = self.place.host([tensor[t.lo - self.st.lo : t.hi - self.st.lo].detach().contiguous() for t in moves])
+        for t, payload in zip(moves, hosted):
+            payload = payload.float().contiguous()
             self.sent_payload_bytes += payload.numel() * payload.element_size()  # its float32 size
             if bits >= OFF:  # float32, or the run's 16 bits (engine.runtime.precision)
                 wire = self.precision.wire_out if kind == "F" else self.precision.wire_in

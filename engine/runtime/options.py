@@ -35,6 +35,11 @@ _SCHEDULE_LABELS = {
     "zb-h1": "ZB-H1 (zero bubble, 1F1B's memory)",
     "zb-h2": "ZB-H2 (zero bubble, more activations held)",
 }
+DEVICE_CHOICES = (
+    ("auto", "auto (each board's GPU when it has one, else its CPU)"),
+    ("cpu", "CPU"),
+    ("cuda", "CUDA GPU (a board without one cannot run)"),
+)
 SCHEDULE_CHOICES = (("auto", "auto (the fastest simulated that fits)"), *((s, _SCHEDULE_LABELS[s]) for s in SCHEDULES))
 
 
@@ -71,6 +76,10 @@ class RunOptions:
     precision: str = option(
         "fp32", "Precision", "the numbers each stage computes and its cuts carry: 16-bit autocast with float32 master "
         "weights; fp16 with a loss scale every stage agrees on (bf16 needs none)", choices=PRECISION_CHOICES,
+    )  # fmt: skip
+    device: str = option(
+        "auto", "Compute device", "where each board computes its stage: its CUDA GPU when torch sees one there (auto), "
+        "its CPU, or its GPU only (cuda)", choices=DEVICE_CHOICES,
     )  # fmt: skip
     lora: int = option(
         0, "LoRA rank", "train low-rank adapters of this rank on Linear layers instead of their weights, merged into "

@@ -14,6 +14,7 @@ import torch.distributed as dist
 from torch import nn
 
 from engine.runtime.emulation import Clock, auto_dilation, measure_ratio, now
+from engine.runtime.placement import Placement
 
 
 class PeerLost(RuntimeError):
@@ -32,13 +33,13 @@ def part_state_dict(module: nn.Module, start: int) -> dict[str, torch.Tensor]:
     out = {}
     for key, value in module.state_dict().items():
         index, rest = key.split(".", 1)
-        out[f"{int(index) + start}.{rest}"] = value.detach().clone()
+        out[f"{int(index) + start}.{rest}"] = value.detach().to("cpu", copy=True)
     return merged(out)
 
 
 def boundary_examples(spec, layers: list[nn.Module], start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
     """One sample entering and one leaving layers [start, end), from one example sample through the layers
-    before and in the stage (shapes and dtypes: token ids stay integers)."""
+    before and in the stage (shapes and dtypes: token ids stay integers), on the host wherever the layers are."""
     x, _ = spec.example_batch(1, torch.Generator().manual_seed(0))
     x_in = x
     with torch.no_grad():
@@ -46,9 +47,18 @@ def boundary_examples(spec, layers: list[nn.Module], start: int, end: int) -> tu
             if k == start:
                 x_in = x
             layers[k].eval()  # no batch-norm statistics updated by the probe
-            x = layers[k](x)
+            x = layers[k](x.to(_device_of(layers[k], x.device)))
             layers[k].train()
-    return x_in, x
+    return x_in.cpu(), x.cpu()
+
+
+def _device_of(layer: nn.Module, default: torch.device) -> torch.device:
+    """Where a layer's weights are (a layer without any takes its input where it is)."""
+    for t in layer.parameters():
+        return t.device
+    for t in layer.buffers():
+        return t.device
+    return default
 
 
 def calibrated_clock(
@@ -64,26 +74,34 @@ def calibrated_clock(
     rank: int,
     world: int,
     seed: int,
+    place: Placement | None = None,
 ) -> Clock:
     """The clock of an emulated device: the given `dilation`, or one from every device's measured host/device
     time ratio (agreed through the rendezvous `store`). Either way the stage first runs once untimed, so no
-    padded step pays for a cold start. `shape_in` None: the stage takes the model's own input."""
+    padded step pays for a cold start. `shape_in` None: the stage takes the model's own input. `place`: where the
+    stage computes (engine.runtime.placement; its steps timed as the runtime times them)."""
+    place = place or Placement("cpu")
     gen = torch.Generator().manual_seed(seed + 7919 * (rank + 1))
 
     def step() -> tuple[float, float]:
         x, y = spec.example_batch(samples, gen)
         if shape_in is not None:  # a later pipeline stage: activations in
-            x = torch.randn((samples, *shape_in), generator=gen, requires_grad=True)
-        t = now()
+            x = torch.randn((samples, *shape_in), generator=gen)
+        x, y = place.load(x), place.load(y)
+        x.requires_grad_(shape_in is not None)
+        timer = place.timer()
         out = module(x)
+        t = timer.started()
         t_f = now()
+        timer = place.timer()
         if not out.requires_grad:  # every weight up to here frozen: a stage with no backward to compute
             pass
         elif last:
             spec.loss(out, y).backward()
         else:
-            out.backward(torch.randn(out.shape, generator=gen))
-        return t_f - t, now() - t_f
+            out.backward(place.load(torch.randn(out.shape, generator=gen)))
+        t_b = timer.started()
+        return t_f - t, now() - t_b
 
     state = {k: v.clone() for k, v in module.state_dict().items()}
     with torch.random.fork_rng(devices=[]):  # dropout draws leave training's random stream as it was

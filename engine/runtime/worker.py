@@ -54,6 +54,7 @@ from engine.runtime.emulation import Clock, MemoryMeter, group_timeout, now, use
 from engine.runtime.evaluate import Evaluation
 from engine.runtime.faults import Fail
 from engine.runtime.links import Links
+from engine.runtime.placement import Placement
 from engine.runtime.precision import Precision
 from engine.runtime.processes import error_event
 from engine.runtime.recovery import CENTRAL
@@ -95,7 +96,9 @@ class _Device(Waits, Links, DeltaLinks, SplitSteps, Copies, Evaluation, StageAll
         self.optimizer: torch.optim.Optimizer | None = None
         self.clip = 1.0  # what the gradients are multiplied by before the step (the global norm's clipping,
         # fp16's unscaling), or None: the agreement found an overflow and every device skips the step
-        self.precision = Precision(opts)  # autocast, the cuts' dtype, fp16's loss scale (run state)
+        self.place = Placement.resolve(opts.device)  # its CPU or its GPU: every tensor of the stage goes through it
+        self.place.check_precision(opts.precision)
+        self.precision = Precision(opts, self.place.type)  # autocast, the cuts' dtype, fp16's loss scale (run state)
         self.params: list[torch.nn.Parameter] = []
         self.fired: set[Fail] = set()
         self.hb: Heartbeat | None = None
@@ -182,7 +185,14 @@ class _Device(Waits, Links, DeltaLinks, SplitSteps, Copies, Evaluation, StageAll
             setup_real_s = time.monotonic() - started
         self.emit(
             DeviceStart(
-                self.name, self.rank, self.stage, self.clock.dilation, os.getpid(), gen.number, setup_real_s
+                self.name,
+                self.rank,
+                self.stage,
+                self.clock.dilation,
+                os.getpid(),
+                gen.number,
+                setup_real_s,
+                self.place.describe(),
             ).to_message()
         )
         self._take_deltas(gen.start)
@@ -258,7 +268,7 @@ class _Device(Waits, Links, DeltaLinks, SplitSteps, Copies, Evaluation, StageAll
         budget = device.memory_bytes if self.opts.emulate and self.opts.enforce_memory else None
         states = recipe.optimizer_states(self.opts.optimizer, self.opts.momentum)
         weights = [p for layer in self.module for p in layer.parameters()]
-        self.memory = MemoryMeter(self.name, budget, weights, self.params, states, self._held_bytes())
+        self.memory = MemoryMeter(self.name, budget, weights, self.params, states, self._held_bytes(), self.place)
         self.slow = gen.slow.get(self.name)
 
     def _calibrate(self, gen: Generation) -> None:
@@ -267,7 +277,7 @@ class _Device(Waits, Links, DeltaLinks, SplitSteps, Copies, Evaluation, StageAll
         store = dist.PrefixStore(gen_key(gen.number), self.store)
         clock = calibrated_clock(
             self.opts.dilation, self.spec, self.module, self.st.samples, shape_in, self.last, self.st.forward_s,
-            self.st.backward_s, store, self.rank, len(gen.plan.device_names), self.opts.seed,
+            self.st.backward_s, store, self.rank, len(gen.plan.device_names), self.opts.seed, self.place,
         )  # fmt: skip
         self.clock.dilation = clock.dilation
 
@@ -323,12 +333,12 @@ class _Device(Waits, Links, DeltaLinks, SplitSteps, Copies, Evaluation, StageAll
                 mb = act.micro_batch
                 if act.kind == "F":
                     if self.first:
-                        x = load(self.data, self._slice(indices, mb))[0]
+                        x = self.place.load(load(self.data, self._slice(indices, mb))[0])
                     else:
                         x = self.receive(pending, "F", mb)
                         x.requires_grad_(True)
-                    y = load(self.data, self._slice(indices, mb))[1] if self.last else None
-                    start = now()
+                    y = self.place.load(load(self.data, self._slice(indices, mb))[1]) if self.last else None
+                    timer = self.place.timer()
                     with (
                         self.memory.forward(mb),
                         sample_draws(self.opts.seed, k, range(mb * m + st.lo, mb * m + st.hi)),
@@ -341,6 +351,7 @@ class _Device(Waits, Links, DeltaLinks, SplitSteps, Copies, Evaluation, StageAll
                             loss_sum += float(out.detach())
                             out = self.precision.scaled(out)  # fp16: times the agreed loss scale
                     inputs[mb], outputs[mb] = x, out
+                    start = timer.started()  # on a GPU: once its kernels ran, from its CUDA events
                     self._fault(k, "forward")
                     end = clock.pad(start, self._compute_s(st.forward_s, k))
                     self._event("F", mb, start, end)
@@ -349,11 +360,12 @@ class _Device(Waits, Links, DeltaLinks, SplitSteps, Copies, Evaluation, StageAll
                     self._split_step(act, k, split, pending, inputs, outputs, outbox)
                 else:
                     grad = None if self.last else self.receive(pending, "B", mb)
-                    start = now()
+                    timer = self.place.timer()
                     out = outputs.pop(mb)
                     with self._finals(act):  # the last backward: its gradients go to the stage's ring as final
                         if out.requires_grad:  # (not where every weight up to here is frozen)
                             out.backward() if self.last else out.backward(grad.to(out.dtype))
+                    start = timer.started()
                     x = inputs.pop(mb)
                     self.memory.release(mb)
                     self._fault(k, "backward")
@@ -402,7 +414,7 @@ class _Device(Waits, Links, DeltaLinks, SplitSteps, Copies, Evaluation, StageAll
                 clock.late,
                 clock.steps,
                 clock.overrun_s,
-                self.memory.peak,
+                self.memory.measure(),
                 state_dict=part,
                 wire_bytes=self.sent_bytes,
                 payload_bytes=self.sent_payload_bytes,

@@ -146,3 +146,16 @@ def test_the_devices_page_rereads_its_rows_with_new_devices_and_enrollments(clie
     assert "not enrolled" not in rows and ">20</td>" in rows  # its measured link
     device.delete()
     assert "nano-new" not in client.get("/devices/?rows=1").content.decode()
+
+
+def test_the_devices_page_says_where_each_board_computes(client, bob):
+    # what each agent said on hello (workers.probe.Capacity): a Jetson's GPU, a CPU-only board, one not yet heard
+    Device.objects.create(name="orin-0", kind="jetson-xavier-nx",
+                          measured={"compute": "cuda", "gpu": "Orin", "gpu_memory": 7_400_000_000})  # fmt: skip
+    Device.objects.create(name="pi-0", kind="jetson-nano", measured={"compute": "cpu"})
+    Device.objects.create(name="new-0", kind="jetson-nano")
+    client.force_login(bob)
+    page = client.get("/devices/").content.decode()
+    rows = {re.search(r"<td>([\w-]+)", row).group(1): row for row in page.split("<tr data-device-id")[1:]}
+    shown = {name: re.findall(r'data-field="compute"[^>]*>([^<]+)<', row) for name, row in rows.items()}
+    assert shown == {"orin-0": ["GPU Orin (7.4 GB)"], "pi-0": ["CPU"], "new-0": []}, shown

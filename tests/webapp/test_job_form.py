@@ -179,3 +179,28 @@ def test_a_dataset_the_boards_do_not_have_is_refused_before_planning(cluster_c):
     form = JobForm({**base, "devices": ["nx-0", "nano-0"]})
     assert form.errors["devices"][0].startswith("nano-0 has no cifar10 data")
     assert JobForm({**base, "dataset": "digits", "devices": ["nx-0", "nano-0"]}).is_valid()
+
+
+def test_a_job_that_asks_for_cuda_is_planned_only_on_boards_with_a_gpu(cluster_c):
+    from engine.errors import UserError
+    from webapp.devices.models import Device
+    from webapp.jobs.planning import passed_over, pick_devices
+
+    Device.objects.update(measured={"emulated": True, "compute": "cpu"})
+    Device.objects.filter(name__in=["nx-0", "tx2-0"]).update(measured={"emulated": True, "compute": "cuda"})
+    assert {d.name for d in pick_devices([], compute="cuda")[0]} == {"nx-0", "tx2-0"}
+    assert len(pick_devices([], compute="auto")[0]) == 6  # auto: each board where it computes
+    with pytest.raises(UserError, match="^nano-0 computes on the CPU .* Compute device is cuda: choose auto"):
+        pick_devices(["nx-0", "nano-0"], compute="cuda")
+    planned = list(Device.objects.filter(name__in=["nx-0", "tx2-0"]))
+    assert (
+        passed_over(planned, [], "synthetic", compute="cuda")["nano-1"]
+        == "no CUDA GPU: the job's Compute device is cuda"
+    )
+    Device.objects.update(measured={"emulated": True, "compute": "cpu"})
+    with pytest.raises(UserError, match="nano-0, nano-1, nano-2, nx-0, tx2-0, tx2-1 compute on the CPU"):
+        pick_devices([], compute="cuda")
+    base = {**BODY, "model": "mobilenetv2", "dataset": "synthetic", "iterations": 20}
+    form = JobForm({**base, "device": "cuda"})  # the form says it at once, as for a dataset
+    assert form.errors["device"][0].startswith("nano-0, nano-1, nano-2, nx-0, tx2-0, tx2-1 compute on the CPU")
+    assert JobForm({**base, "device": "auto"}).is_valid()

@@ -78,9 +78,10 @@ def test_hello_heartbeat_and_bad_messages_keep_the_connection():
         ws = agent_socket(credential)
         assert (await ws.connect())[0]
         assert (await say(ws, {"type": "heartbeat", "state": "idle"}))["message"] == "say hello first"
-        welcome = await say(ws, HELLO)
+        welcome = await say(ws, {**HELLO, "compute": "cuda", "gpu": "NVIDIA Tegra X2", "gpu_memory": 8 * 2**30})
         assert welcome == {"type": "welcome", "device": "tx2-0", "id": device.pk, "last_seq": 0, "heartbeat_s": 5}
         for bad, why in [
+            (json.dumps({**HELLO, "compute": "tpu"}), "compute must be 'cpu' or 'cuda'"),
             ("not json", "not valid JSON"),
             ("[1, 2]", "a message must be a JSON object"),
             (json.dumps({"type": "reboot"}), "unknown message type 'reboot'"),
@@ -100,6 +101,7 @@ def test_hello_heartbeat_and_bad_messages_keep_the_connection():
     device.refresh_from_db()
     assert device.measured["host_gflops"] == 20.5 and device.address == "127.0.0.1"
     assert device.last_heartbeat is not None and device.status == "offline"  # idle and gone after disconnect
+    assert device.computes_on == "GPU NVIDIA Tegra X2 (8.6 GB)"  # what the devices page shows
 
 
 def test_events_are_stored_once_relayed_and_acknowledged(bob):

@@ -91,6 +91,21 @@ class Device(models.Model):
         value = (self.measured or {}).get("memory_bytes")
         return value / 1e9 if isinstance(value, (int, float)) and value > 0 else None
 
+    @property
+    def computes_on(self) -> str:
+        """Where its agent computes, as it said on hello: "GPU NAME (N GB)", "CPU", or "" before it said."""
+        m = self.measured or {}
+        if m.get("compute") == "cuda":
+            memory = m.get("gpu_memory")
+            size = f" ({memory / 1e9:.1f} GB)" if isinstance(memory, (int, float)) and memory > 0 else ""
+            return f"GPU {m.get('gpu') or 'CUDA'}{size}"
+        return "CPU" if m.get("compute") == "cpu" else ""
+
+    def computes(self, device: str) -> bool:
+        """It can run a job whose Compute device is `device`: anything, unless the job asks for CUDA and its agent
+        said it computes on its CPU (an agent that did not say is taken at its word, as for datasets)."""
+        return device != "cuda" or (self.measured or {}).get("compute") != "cpu"
+
     def serves(self, dataset: str) -> bool:
         """Its agent said it has `dataset`'s data (engine.data.datasets_here); an agent that did not say (older)
         is taken at its word that it has."""

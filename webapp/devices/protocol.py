@@ -60,6 +60,13 @@ def _hello(msg: dict) -> None:
     address = _field(msg, "address", str, optional=True)
     if address is not None and len(address) > 64:
         raise ProtocolError("hello: address is longer than 64 characters")
+    compute = _field(msg, "compute", str, optional=True)  # where its device processes compute (its GPU, if any)
+    if compute is not None and compute not in ("cpu", "cuda"):
+        raise ProtocolError("hello: compute must be 'cpu' or 'cuda'")
+    gpu = _field(msg, "gpu", str, optional=True)
+    if gpu is not None and len(gpu) > 128:
+        raise ProtocolError("hello: gpu (its name) is longer than 128 characters")
+    _number(msg, "gpu_memory", optional=True)
     datasets = _field(msg, "datasets", list, optional=True)  # those it can serve (engine.data.datasets_here)
     if datasets is not None and (
         len(datasets) > 64 or not all(isinstance(d, str) and 0 < len(d) <= 64 for d in datasets)

@@ -16,7 +16,7 @@ from engine.runtime import options as run_options
 from engine.runtime.options import RunOptions, settable
 from webapp.catalog.models import LabModel, reference_of
 from webapp.devices.models import Device
-from webapp.jobs.planning import no_data, unmixed
+from webapp.jobs.planning import no_data, no_gpu, unmixed
 from webapp.lib.fields import number, whole_number
 
 MAX_BATCH = 4096
@@ -206,6 +206,12 @@ class JobForm(LabelForm):
                 no_data(lacking, dataset)
             except UserError as exc:
                 self.add_error("devices" if names else "dataset", str(exc))
+        cpu_only = [d for d in ready if not d.computes(data.get("device") or "auto")]
+        if cpu_only and (names or len(cpu_only) == len(ready)):  # cuda: only boards with a GPU run it
+            try:
+                no_gpu(cpu_only)
+            except UserError as exc:
+                self.add_error("devices" if names else "device", str(exc))
         if not ready:
             self.add_error(
                 "devices" if names else None,

@@ -22,7 +22,7 @@ Progress = Callable[[float, str], None]
 
 
 def pick_devices(
-    requested: list[str], dataset: str = "synthetic", group: str = "", count: int | None = None
+    requested: list[str], dataset: str = "synthetic", group: str = "", count: int | None = None, compute: str = "auto"
 ) -> list[list[Device]]:
     """The sets of devices a job may be planned on, in order of preference; a UserError says what is wrong.
     Emulated and real boards cannot share a run: a job that names devices names one kind; one that names none
@@ -30,7 +30,7 @@ def pick_devices(
     emulated ones; when every one is busy, on the busy ones (launched, the job waits in line for them). Named
     devices may be busy. Instead of names, a job may ask for a `group`'s devices, and for any `count` of them:
     the idle ones first, the fastest first, then busy ones. Only devices that have the `dataset`'s data (their
-    agents say which) train on it."""
+    agents say which) train on it, and only those with a GPU when the job's `compute` device is cuda."""
     if not requested:
         where = f" in group {group}" if group else ""
         pool = [d for d in Device.objects.all() if d.in_service and (not group or d.group == group)]
@@ -39,6 +39,7 @@ def pick_devices(
                 raise UserError(f"no device is in group {group!r}")
             raise UserError(f"no device{where} is online: start the device agents (make run starts emulated ones)")
         pool = [d for d in pool if d.serves(dataset)] or no_data(pool, dataset)
+        pool = [d for d in pool if d.computes(compute)] or no_gpu(pool)
         kinds = [k for k in ([d for d in pool if not d.emulated], [d for d in pool if d.emulated]) if k]
         if count:
             enough = [
@@ -66,11 +67,19 @@ def pick_devices(
     lacking = [d for d in devices if not d.serves(dataset)]
     if lacking:
         no_data(lacking, dataset)
+    cpu_only = [d for d in devices if not d.computes(compute)]
+    if cpu_only:
+        no_gpu(cpu_only)
     return [devices]
 
 
 def passed_over(
-    planned: list[Device], requested: list[str], dataset: str, group: str = "", count: int | None = None
+    planned: list[Device],
+    requested: list[str],
+    dataset: str,
+    group: str = "",
+    count: int | None = None,
+    compute: str = "auto",
 ) -> dict[str, str]:
     """Why each registered device outside `planned` (the devices the job was planned on) was not given to the
     planner; devices a job that names its own (or a group) did not name are not listed."""
@@ -84,6 +93,8 @@ def passed_over(
             out[d.name] = f"{d.status}: its agent is not connected" if d.status == "offline" else f"{d.status}"
         elif not d.serves(dataset):
             out[d.name] = f"its agent has no {dataset} data"
+        elif not d.computes(compute):
+            out[d.name] = "no CUDA GPU: the job's Compute device is cuda"
         elif d.emulated != emulated:
             kind = "emulated" if d.emulated else "a real board"
             out[d.name] = f"{kind}: emulated and real boards cannot share a run"
@@ -102,6 +113,15 @@ def no_data(devices: list[Device], dataset: str):
     how = f"put CIFAR-10's python batch files in {where}" if dataset == "cifar10" else f"give them its data in {where}"
     raise UserError(
         f"{names} {'have' if len(devices) > 1 else 'has'} no {dataset} data: {how}, or pick another dataset"
+    )
+
+
+def no_gpu(devices: list[Device]):
+    """Refuse `devices`, whose agents compute on their CPU, for a job that asks for CUDA."""
+    names = ", ".join(d.name for d in devices)
+    raise UserError(
+        f"{names} {'compute' if len(devices) > 1 else 'computes'} on the CPU (torch sees no CUDA GPU there) but the "
+        "job's Compute device is cuda: choose auto (each board's GPU when it has one) or cpu, or other devices"
     )
 
 

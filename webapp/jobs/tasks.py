@@ -39,9 +39,9 @@ def plan_job(job_id: int) -> str:
     try:
         with planlease.renewing(job_id, owner):
             try:
-                result, skipped = _plan_first(
-                    job, pick_devices(job.requested_devices, job.dataset, job.device_group, job.device_count), progress
-                )
+                compute = job.option_values["device"]
+                picked = pick_devices(job.requested_devices, job.dataset, job.device_group, job.device_count, compute)
+                result, skipped = _plan_first(job, picked, progress)
             except UserError as exc:
                 planlease.report(job, owner, Job.Status.FAILED, str(exc), None, finished_at=timezone.now())
                 job_log(job, f"cannot plan: {exc}", "error")
@@ -58,7 +58,7 @@ def plan_job(job_id: int) -> str:
         job.plan = result["plan"]
         planned = {d["name"] for d in result["plan"]["cluster"]["devices"]}
         passed = passed_over(list(Device.objects.filter(name__in=planned)), job.requested_devices, job.dataset,
-                             job.device_group, job.device_count)  # fmt: skip
+                             job.device_group, job.device_count, job.option_values["device"])  # fmt: skip
         result["left_out"] = {**passed, **result["left_out"]}
         predicted = job.predicted_throughput
         planlease.report(job, owner, Job.Status.PLANNED, f"planned: {predicted:.1f} samples/s predicted", 1.0, **result)

@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
-import torch
-
-from engine import recipe
 from engine.costmodel import Workload
-from engine.data import get_dataset
 from engine.devices import Cluster, Device
 from engine.models import get_model
-from engine.models.randomness import sample_draws
 from engine.plan import Plan, Share, Stage
-from engine.runtime.batches import batch_indices, load
 from engine.runtime.options import RunOptions
+from engine.runtime.reference import one_process
 from tests.engine.instances import random_workload
 
 
@@ -52,33 +48,10 @@ def make_plan(model: str, cluster: Cluster, batch: int, micro_batches: int, stag
 
 def reference_run(model: str, batch: int, iterations: int, lr: float, momentum: float = 0.9, seed: int = 0,
                   options: RunOptions | None = None):  # fmt: skip
-    """One process training the unpartitioned model on the same batches: (losses, state_dict). `options` gives
-    the recipe (optimizer, schedule, clipping with torch's clip_grad_norm_, frozen weights); else SGD at `lr`.
-
-    Dropout masks are those of samples 0..batch-1 of iteration k under `seed` (see engine.models.randomness).
-    """
+    """One process training the unpartitioned model on the same batches (engine.runtime.reference): (losses,
+    state_dict). `options` gives the recipe; else SGD at `lr`."""
     opts = options or RunOptions(iterations=iterations, lr=lr, momentum=momentum, seed=seed)
-    spec = get_model(model)
-    torch.manual_seed(seed)
-    net = spec.sequential()
-    recipe.prepare(spec, list(net), opts)
-    params = [p for p in net.parameters() if p.requires_grad]
-    opt = recipe.make_optimizer(params, opts)
-    data = get_dataset("synthetic", spec, size=2048, seed=seed)
-    losses = []
-    for k in range(iterations):
-        x, y = load(data, batch_indices(len(data), batch, seed, k))
-        with sample_draws(seed, k, range(0, batch)):
-            out = net(x)
-        loss = spec.loss(out, y)
-        loss.backward()
-        if opts.clip_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(params, opts.clip_grad_norm)
-        recipe.set_lr(opt, opts, k)
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
-    return losses, net.state_dict()
+    return one_process(model, batch, replace(opts, iterations=iterations))
 
 
 def sized_workload(model: str, work_per_sample: float, output_bytes: tuple[int, ...] | None = None) -> Workload:
