@@ -36,6 +36,13 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
+    # The suite compares runs with one process on the CPU and counts memory as the CPU path does: on a host with a
+    # GPU its runs (whose device is `auto`) stay on the CPU too, every process it starts included, unless the `gpu`
+    # tests are asked for (`pytest -m gpu`, which see the GPU; `make gpu-check` is the whole check).
+    import os
+
+    if "gpu" not in (config.getoption("markexpr", "") or ""):
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
     # pytest-django has already read webapp.settings (it does so before any conftest), so adjust the loaded
     # settings here rather than through environment variables. Nothing of this reaches processes tests start.
     from django.conf import settings

@@ -5,7 +5,8 @@
 Run by the agent's venv (made with --system-site-packages), before anything is installed in it: the standard library
 only. A Jetson's torch comes with JetPack (NVIDIA's build, the one with CUDA) and a desktop's may be a CUDA build:
 pip's `torch==...` would install another beside it and shadow it, so a torch that imports is kept, and the numpy it
-was built against with it. Says on stderr which torch the agent will use and whether it sees a GPU.
+was built against with it (pinned, so nothing replaces it either). Says on stderr which torch the agent will use
+and whether it sees a GPU; refuses a torch older than the runtime needs.
 """
 
 from __future__ import annotations
@@ -15,16 +16,28 @@ import subprocess
 import sys
 
 KEPT_WITH_SYSTEM_TORCH = ("torch", "numpy")
+# torch.distributed.pipelining's split backward (the zero-bubble schedules) and the CUDA calls the runtime makes
+MIN_TORCH = (2, 5)
 
 
-def system_torch() -> str | None:
-    """ "VERSION cuda|cpu" of the torch this Python imports (from the system's site-packages), or None."""
-    probe = "import torch; print(torch.__version__, 'cuda' if torch.cuda.is_available() else 'cpu')"
+def system_torch() -> tuple[str, str, str] | None:
+    """(torch's version, "cuda" or "cpu", numpy's version) of the torch this Python imports (the system's), or None."""
+    probe = (
+        "import numpy, torch; "
+        "print(torch.__version__, 'cuda' if torch.cuda.is_available() else 'cpu', numpy.__version__)"
+    )
     try:
         done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return done.stdout.strip() if done.returncode == 0 and done.stdout.strip() else None
+    words = done.stdout.split()
+    return (words[0], words[1], words[2]) if done.returncode == 0 and len(words) == 3 else None
+
+
+def too_old(version: str) -> bool:
+    """A torch older than MIN_TORCH ("2.3.0a0+6ddf5cf85e.nv24.04": NVIDIA's local versions read by their numbers)."""
+    numbers = re.findall(r"\d+", version.split("+")[0])[:2]
+    return tuple(int(n) for n in numbers) < MIN_TORCH
 
 
 def requirements(text: str, have_torch: bool) -> list[str]:
@@ -49,13 +62,21 @@ def main(argv: list[str]) -> int:
         text = f.read()
     found = system_torch()
     if found:
-        version, device = found.split()[:2]
+        version, device, numpy = found
+        if too_old(version):
+            print(f"error: the system's torch {version} is older than the {'.'.join(map(str, MIN_TORCH))} "
+                  "Asteroid's device processes need; install a newer one for this Python (a Jetson: NVIDIA's torch "
+                  "for JetPack 6.1 or later) and run make agent again", file=sys.stderr)  # fmt: skip
+            return 2
         gpu = "sees a CUDA GPU" if device == "cuda" else "sees no GPU: the agent computes on the CPU"
-        print(f"using the system's torch {version} ({gpu}); not installing torch or numpy", file=sys.stderr)
+        print(f"using the system's torch {version} ({gpu}) and numpy {numpy}: installing neither", file=sys.stderr)
     else:
         print("no torch on this Python: installing torch from requirements-agent.txt (a CPU build on most "
               "machines; on a Jetson, install JetPack's torch first: docs/deployment.md)", file=sys.stderr)  # fmt: skip
-    print("\n".join(requirements(text, bool(found))))
+    lines = requirements(text, bool(found))
+    if found:  # the numpy that torch was built against, kept: a package asking for another is a clear pip error
+        lines.append(f"numpy=={found[2]}")
+    print("\n".join(lines))
     return 0
 
 

@@ -40,7 +40,20 @@ class Capacity:
 
 
 def measure(emulate: str | None = None) -> Capacity:
-    """Benchmark the host; with `emulate` (a kind or alias) report that kind's speed and memory instead."""
+    """Benchmark the host; with `emulate` (a kind or alias) report that kind's speed and memory instead. A host with a
+    GPU is measured by a child process: the agent itself never holds a CUDA context, which on a Jetson would keep
+    a few hundred MB of the board's one memory from its training for as long as the agent runs."""
+    import torch
+
+    if torch.cuda.is_available():  # (asks the driver; no context is made)
+        import multiprocessing
+
+        with multiprocessing.get_context("spawn").Pool(1) as child:
+            return child.apply(_measure, (emulate,))
+    return _measure(emulate)
+
+
+def _measure(emulate: str | None) -> Capacity:
     from engine.runtime.placement import Accelerator
 
     host = matmul_gflops()

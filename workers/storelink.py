@@ -290,7 +290,7 @@ class Relay(_Server):
             return
         try:
             upstream = await asyncio.wait_for(connect(*self.gateway, self.job, self.secret, self.tls), HANDSHAKE_S * 2)
-        except (OSError, TimeoutError) as exc:
+        except (OSError, asyncio.TimeoutError) as exc:  # noqa: UP041 (on Python 3.10, a board's, not the builtin)
             log.warning("job %s: cannot reach the site's store gateway %s:%s: %s", self.job, *self.gateway, exc)
             return
         self.track(upstream[1])
@@ -303,9 +303,8 @@ class Relay(_Server):
 async def connect(host: str, port: int, job, secret: str, tls: ssl.SSLContext | None = None) -> tuple:
     """An authenticated connection to job `job`'s store through the gateway at host:port (reader, writer); over
     TLS with `tls` (the site's CA, the board's certificate)."""
-    reader, writer = await asyncio.open_connection(host, port)
-    if tls is not None:
-        await writer.start_tls(tls, server_hostname=host)
+    # TLS from the connect (not StreamWriter.start_tls, new in Python 3.11: a board may run 3.10, JetPack 6's)
+    reader, writer = await asyncio.open_connection(host, port, ssl=tls, server_hostname=host if tls else None)
     greeting = await reader.readline()
     if not greeting.startswith(GREETING):
         writer.close()

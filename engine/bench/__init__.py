@@ -23,7 +23,10 @@ def run(args: argparse.Namespace) -> str:
 
 
 def run_gpu(args: argparse.Namespace) -> str:
-    """The GPU check: its lines as they come (on stdout), then its summary; a failed check is an error."""
+    """The GPU check: its lines as they come (stderr), then the report to paste (stdout, or --output); a failed
+    check is an error after the report."""
+    import time
+
     from engine.bench.gpu import gpu_check
 
     lines: list[str] = []
@@ -32,9 +35,13 @@ def run_gpu(args: argparse.Namespace) -> str:
         lines.append(line)
         print(line, file=sys.stderr, flush=True)
 
-    if not gpu_check(args.device, say):
+    passed = gpu_check(args.device, say)
+    body = "\n".join(lines)
+    report = f"Command: `{_command('gpu')}`, {time.strftime('%Y-%m-%d')} (real compute)\n\n```\n{body}\n```"
+    if not passed:
+        print(report)
         raise UserError(f"gpu-check failed: {lines[-1]}")
-    return "\n".join(lines)
+    return report
 
 
 def run_planner(args: argparse.Namespace) -> str:

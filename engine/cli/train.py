@@ -150,12 +150,13 @@ def _resolve_recipe(args: argparse.Namespace, model: str) -> None:
     RunOptions(iterations=args.iterations, **{name: getattr(args, name) for name in settable()})
 
 
-def _check_device(device: str, precision: str | None) -> None:
+def _check_device(device: str) -> None:
     """UserError, before any planning, when this host cannot compute where the run asks (--device cuda without a
-    GPU, bf16 on a GPU without it): every device process of a local run (or this one of --rank) runs here."""
-    from engine.runtime.placement import Placement
+    GPU): every device process of a local run (or this one of --rank) runs here. (bf16 on a GPU without it is each
+    device process's one line: asking the GPU would hold a CUDA context here, on a Jetson the board's memory.)"""
+    from engine.runtime.placement import kind
 
-    Placement.resolve(device).check_precision(precision or "fp32")
+    kind(device)
 
 
 def is_weights_file(path: str) -> bool:
@@ -179,7 +180,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise UserError("a distributed run needs both --rank and --rendezvous")
     if args.rank is not None:
         _check_distributed(args)
-    _check_device(args.device, args.precision)
+    _check_device(args.device)
     outputs = (("--save", args.save), ("--events", args.events), ("--trace", args.trace))
     for option, path in outputs:
         if option == "--save" and path and (args.model or "").startswith("hf:") and not is_weights_file(path):

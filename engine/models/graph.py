@@ -90,6 +90,9 @@ class Chain:
         env: dict[fx.Node, object] = {}
         by_name = g.nodes  # (by position)
         packed = graph.placeholder(g.order[0].name if a == 0 else "packed")
+        # a tensor the traced graph makes (torch.export's arange, full, to) is made where the layer's input is, not on
+        # the device it was traced on: the layer may compute on a GPU (engine.runtime.placement)
+        device = graph.call_function(getattr, (packed, "device"))
         if a == 0:
             env[g.order[0]] = packed
         else:
@@ -110,6 +113,8 @@ class Chain:
                 env[n] = dims[0] if sizes[n][1] else tuple(dims)
             elif n in mine or n in need:
                 env[n] = graph.node_copy(n, lambda x: env[x])
+                if isinstance(n.kwargs.get("device"), torch.device):
+                    env[n].update_kwarg("device", device)
         if i == len(self.spans) - 1:
             graph.output(env[_result(gm.graph)])
         else:

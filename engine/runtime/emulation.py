@@ -163,8 +163,8 @@ class MemoryMeter:
         return self.static - self.training if self.place.integrated else 0
 
     def measure(self) -> int:
-        """The peak so far (on a GPU, read from its allocator now)."""
-        self._check()
+        """The peak so far (on a GPU, read from its allocator now), the budget not enforced: training is over."""
+        self._update()
         return self.peak
 
     @contextlib.contextmanager
@@ -196,9 +196,13 @@ class MemoryMeter:
     def release(self, micro_batch: int) -> None:
         self._held.pop(micro_batch, None)
 
-    def _check(self) -> None:
+    def _update(self) -> int:
         used = self.current
         self.peak = max(self.peak, used if self.place is None else self.place.allocated()[1] + self._host_held())
+        return used
+
+    def _check(self) -> None:
+        used = self._update()
         if self.budget is not None and used > self.budget:
             raise DeviceOutOfMemory(
                 f"device {self.device} ran out of memory: it holds {used / GIB:.2f} GiB "

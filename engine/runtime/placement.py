@@ -7,9 +7,10 @@
     timer = place.timer(); ...; start = timer.started()   # a step's start, from CUDA events on a GPU
 
 gloo moves host tensors only (and a Jetson has no NCCL), so what crosses a cut is staged through pinned host
-memory: copies to the host run on their own stream (after the compute that produced them, beside the compute
-after it) and the send waits for that copy alone; received tensors go to the device with non-blocking copies
-from pinned buffers. On the CPU every call is the identity or the host clock, so the path CI runs is this one.
+memory: the copies to the host run on a stream of their own and are waited for before the send is posted (the next
+step is queued after that: overlapping the copy with it is left to do); received tensors go to the device with
+non-blocking copies from pinned buffers. On the CPU every call is the identity or the host clock, so the path CI
+runs is this one.
 """
 
 from __future__ import annotations
@@ -27,18 +28,24 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def resolve(choice: str) -> torch.device:
-    """The compute device a run option names, on this host."""
+def kind(choice: str) -> str:
+    """ "cpu" or "cuda": where a run option (`auto`, `cpu`, `cuda`) computes on this host. It only asks the driver, so
+    a process that calls it (the CLI's launcher) holds no CUDA context, which on a Jetson is the board's memory."""
     if choice == "cpu" or (choice == "auto" and not cuda_available()):
-        return torch.device("cpu")
+        return "cpu"
     if choice in ("auto", "cuda"):
         if not cuda_available():
             raise UserError(
                 "--device cuda: this host's torch sees no CUDA GPU (torch.cuda.is_available() is False; "
                 f"torch {torch.__version__}); use --device auto or cpu, or install a CUDA build of torch"
             )
-        return torch.device("cuda", torch.cuda.current_device())
+        return "cuda"
     raise UserError(f"device must be one of auto, cpu, cuda; got {choice!r}")
+
+
+def resolve(choice: str) -> torch.device:
+    """The compute device a run option names, on this host (its current GPU)."""
+    return torch.device("cuda", torch.cuda.current_device()) if kind(choice) == "cuda" else torch.device("cpu")
 
 
 @dataclass(frozen=True)
@@ -88,6 +95,8 @@ class Placement:
     def __init__(self, device: torch.device | str = "cpu") -> None:
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
+        if self.cuda and self.device.index is None:  # "cuda": the current GPU, by its index (tensors carry one)
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.copies = torch.cuda.Stream(self.device) if self.cuda else None  # device -> host, beside the compute
         self.integrated = self.cuda and bool(getattr(torch.cuda.get_device_properties(self.device), "is_integrated", 0))
 
@@ -128,9 +137,9 @@ class Placement:
         return {k: v if k == "step" else v.to(p.device) for k, v in state.items()}
 
     def host(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-        """These tensors on the host, for gloo. On a GPU each is copied into pinned memory on the copy stream after
-        the compute that made it, and only those copies are waited for."""
-        if not self.cuda:
+        """These tensors on the host, for gloo. On a GPU each is copied into pinned memory on the copy stream once the
+        compute queued before has run, and those copies are waited for (not the compute queued after them)."""
+        if not self.cuda or not tensors:
             return tensors
         compute = torch.cuda.current_stream(self.device)
         self.copies.wait_stream(compute)
@@ -142,7 +151,6 @@ class Placement:
                     continue
                 buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
                 buf.copy_(t, non_blocking=True)
-                t.record_stream(self.copies)  # its memory is not reused before the copy read it
                 out.append(buf)
         self.copies.synchronize()
         return out

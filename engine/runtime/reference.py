@@ -22,8 +22,11 @@ from engine.runtime.options import RunOptions
 from engine.runtime.precision import DTYPES
 
 
-def one_process(model: str, batch: int, options: RunOptions, device: str = "cpu") -> tuple[list[float], dict]:
-    """(loss per iteration, final state_dict on the host) of `options.iterations` iterations on `device`."""
+def one_process(
+    model: str, batch: int, options: RunOptions, device: str = "cpu", iterations: int | None = None
+) -> tuple[list[float], dict]:
+    """(loss per iteration, final state_dict on the host) of the first `iterations` (default: all) of the run
+    `options` describes (its learning-rate schedule is the whole run's), on `device`."""
     opts, spec = options, get_model(model)
     torch.manual_seed(opts.seed)
     net = spec.sequential()
@@ -35,7 +38,7 @@ def one_process(model: str, batch: int, options: RunOptions, device: str = "cpu"
     scaler = torch.amp.GradScaler(torch.device(device).type, enabled=opts.precision == "fp16")
     data = get_dataset("synthetic", spec, size=opts.dataset_size, seed=opts.seed)
     losses = []
-    for k in range(opts.iterations):
+    for k in range(opts.iterations if iterations is None else iterations):
         x, y = load(data, batch_indices(len(data), batch, opts.seed, k))
         x, y = x.to(device), y.to(device)
         half = torch.autocast(torch.device(device).type, dtype=dtype) if dtype else contextlib.nullcontext()

@@ -47,18 +47,19 @@ def boundary_examples(spec, layers: list[nn.Module], start: int, end: int) -> tu
             if k == start:
                 x_in = x
             layers[k].eval()  # no batch-norm statistics updated by the probe
-            x = layers[k](x.to(_device_of(layers[k], x.device)))
+            x = _run(layers[k], x)
             layers[k].train()
     return x_in.cpu(), x.cpu()
 
 
-def _device_of(layer: nn.Module, default: torch.device) -> torch.device:
-    """Where a layer's weights are (a layer without any takes its input where it is)."""
-    for t in layer.parameters():
-        return t.device
-    for t in layer.buffers():
-        return t.device
-    return default
+def _run(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The layer on `x`, where its weights are. A layer whose weights are on two devices (a weight tied to a later
+    stage's, which this device computes on its GPU, beside the rest on the host) runs on host copies of them."""
+    tensors = {**dict(layer.named_parameters()), **dict(layer.named_buffers())}
+    devices = {t.device for t in tensors.values()}
+    if len(devices) <= 1:
+        return layer(x.to(next(iter(devices), x.device)))
+    return torch.func.functional_call(layer, {k: t.cpu() for k, t in tensors.items()}, (x.cpu(),))
 
 
 def calibrated_clock(
@@ -104,7 +105,8 @@ def calibrated_clock(
         return t_f - t, now() - t_b
 
     state = {k: v.clone() for k, v in module.state_dict().items()}
-    with torch.random.fork_rng(devices=[]):  # dropout draws leave training's random stream as it was
+    # dropout draws leave training's random streams as they were (a GPU's too: a user's nn.Dropout draws there)
+    with torch.random.fork_rng(devices=[place.device] if place.cuda else []):
         if dilation is not None:
             step()  # warm-up only: the allocator, lazy initialisation
         else:

@@ -179,6 +179,7 @@ class _Device(Waits, Links, DeltaLinks, SplitSteps, Copies, Evaluation, StageAll
         self._take_stage(gen)
         if self.opts.emulate and self.clock.dilation is None:  # generation 0 of an emulated run: calibrate
             self._calibrate(gen)
+            self.place.reset_peak()  # (on a GPU) the peak memory is training's, not the calibration's
         if calibrate_first:
             started = time.monotonic()
             self._make_groups(gen, leaving)

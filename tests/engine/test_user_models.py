@@ -240,6 +240,10 @@ def test_a_hugging_face_gpt2_cut_at_every_layer_trains_as_one_process(gpt2_folde
     spec = get_model(ref)
     n = len(spec.chain.spans)
     assert spec.task == "language-modeling" and n >= 5 and spec.chain.ties  # the tied embedding and head
+    # what the graph makes (arange, to) is made where each layer's input is, a GPU too, not where it was traced
+    layers = [layer for layer in spec.layers() if hasattr(layer, "graph")]
+    made = [n for layer in layers for n in layer.graph.nodes if "device" in n.kwargs]
+    assert made and not [n for n in made if isinstance(n.kwargs["device"], torch.device)], made
     stages = [(k, k + 1, [(f"nano-{k}", 4)]) for k in range(n)]
     plan = make_plan(ref, cluster_of(*["nano"] * n), 8, 2, stages)
     options = RunOptions(iterations=3, emulate=False, save_model=True, timeout_s=60)

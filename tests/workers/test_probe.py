@@ -26,6 +26,20 @@ def test_unemulated_figures_are_measured():
     assert not c.emulated and c.gflops == c.host_gflops > 0 and c.memory_bytes == memory_bytes()
 
 
+def test_a_child_process_measures_what_the_agent_would_and_says_where_it_computes():
+    # what `measure` does on a host with a GPU (so the agent holds no CUDA context): the figures come back whole
+    import multiprocessing
+
+    import torch
+
+    from workers.probe import _measure
+
+    with multiprocessing.get_context("spawn").Pool(1) as child:
+        c = child.apply(_measure, ("nano",))
+    assert (c.kind, c.emulated, c.compute) == ("jetson-nano", True, "cuda" if torch.cuda.is_available() else "cpu")
+    assert c.to_dict()["gpu_memory"] == c.gpu_memory and c.host_gflops > 0
+
+
 def test_address_towards_a_loopback_server_is_loopback():
     assert local_address("127.0.0.1", 8000) == "127.0.0.1"
     assert local_address("localhost", 8000) == "127.0.0.1"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-from dataclasses import replace
 
 from engine.costmodel import Workload
 from engine.devices import Cluster, Device
@@ -51,7 +50,7 @@ def reference_run(model: str, batch: int, iterations: int, lr: float, momentum: 
     """One process training the unpartitioned model on the same batches (engine.runtime.reference): (losses,
     state_dict). `options` gives the recipe; else SGD at `lr`."""
     opts = options or RunOptions(iterations=iterations, lr=lr, momentum=momentum, seed=seed)
-    return one_process(model, batch, replace(opts, iterations=iterations))
+    return one_process(model, batch, opts, iterations=iterations)
 
 
 def sized_workload(model: str, work_per_sample: float, output_bytes: tuple[int, ...] | None = None) -> Workload:

@@ -8,7 +8,10 @@ from engine.bench.gpu import _equivalence, _recovery
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU TESTS SKIPPED: torch sees no CUDA GPU here"),
+    pytest.mark.skipif(
+        not torch.cuda.is_available(),
+        reason="GPU TESTS SKIPPED: torch sees no CUDA GPU (the suite hides one unless asked: pytest -m gpu)",
+    ),
 ]
 
 
