@@ -54,6 +54,10 @@ def requirements(text: str, have_torch: bool) -> list[str]:
     return out
 
 
+def say(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python workers/agentreqs.py requirements-agent.txt", file=sys.stderr)
@@ -64,15 +68,15 @@ def main(argv: list[str]) -> int:
     if found:
         version, device, numpy = found
         if too_old(version):
-            print(f"error: the system's torch {version} is older than the {'.'.join(map(str, MIN_TORCH))} "
-                  "Asteroid's device processes need; install a newer one for this Python (a Jetson: NVIDIA's torch "
-                  "for JetPack 6.1 or later) and run make agent again", file=sys.stderr)  # fmt: skip
+            need = ".".join(map(str, MIN_TORCH))
+            fix = "install a newer one for this Python (a Jetson: NVIDIA's torch for JetPack 6.1 or later)"
+            say(f"error: the system's torch {version} is older than the {need} Asteroid's device processes need; {fix}")
             return 2
         gpu = "sees a CUDA GPU" if device == "cuda" else "sees no GPU: the agent computes on the CPU"
-        print(f"using the system's torch {version} ({gpu}) and numpy {numpy}: installing neither", file=sys.stderr)
+        say(f"using the system's torch {version} ({gpu}) and numpy {numpy}: installing neither")
     else:
-        print("no torch on this Python: installing torch from requirements-agent.txt (a CPU build on most "
-              "machines; on a Jetson, install JetPack's torch first: docs/deployment.md)", file=sys.stderr)  # fmt: skip
+        jetson = "a CPU build on most machines; on a Jetson, install JetPack's torch first: docs/deployment.md"
+        say(f"no torch on this Python: installing torch from requirements-agent.txt ({jetson})")
     lines = requirements(text, bool(found))
     if found:  # the numpy that torch was built against, kept: a package asking for another is a clear pip error
         lines.append(f"numpy=={found[2]}")

@@ -158,10 +158,6 @@ class Placement:
     def timer(self) -> StepTimer:
         return StepTimer(self.cuda)
 
-    def synchronize(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
-
     def reset_peak(self) -> None:
         if self.cuda:
             torch.cuda.reset_peak_memory_stats(self.device)

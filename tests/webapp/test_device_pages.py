@@ -150,8 +150,8 @@ def test_the_devices_page_rereads_its_rows_with_new_devices_and_enrollments(clie
 
 def test_the_devices_page_says_where_each_board_computes(client, bob):
     # what each agent said on hello (workers.probe.Capacity): a Jetson's GPU, a CPU-only board, one not yet heard
-    Device.objects.create(name="orin-0", kind="jetson-xavier-nx",
-                          measured={"compute": "cuda", "gpu": "Orin", "gpu_memory": 7_400_000_000})  # fmt: skip
+    orin = {"compute": "cuda", "gpu": "Orin", "gpu_memory": 7_400_000_000}
+    Device.objects.create(name="orin-0", kind="jetson-xavier-nx", measured=orin)
     Device.objects.create(name="pi-0", kind="jetson-nano", measured={"compute": "cpu"})
     Device.objects.create(name="new-0", kind="jetson-nano")
     client.force_login(bob)

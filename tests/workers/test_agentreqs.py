@@ -21,8 +21,8 @@ def test_the_agents_requirements_hold_nothing_of_the_site_and_keep_a_system_torc
 
 
 def test_run_by_a_python_that_has_torch_it_says_so_and_leaves_torch_out():
-    done = subprocess.run([sys.executable, "workers/agentreqs.py", "requirements-agent.txt"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    command = [sys.executable, "workers/agentreqs.py", "requirements-agent.txt"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     import torch
 

@@ -62,8 +62,8 @@ def _hello(device: Device, msg: dict) -> list[dict]:
             reconcile(device, None, restarted=True)
             device.refresh_from_db(fields=["status", "job"])
         device.session, device.last_seq = msg["session"], 0
-    fields = ("kind", "emulated", "memory_bytes", "gflops", "host_gflops", "link_mbps", "datasets", "compute", "gpu",
-              "gpu_memory")  # fmt: skip
+    fields = ("kind", "emulated", "memory_bytes", "gflops", "host_gflops", "link_mbps", "datasets")
+    fields += ("compute", "gpu", "gpu_memory")  # where it computes (engine.runtime.placement.Accelerator)
     device.measured = {k: msg.get(k) for k in fields}
     if msg.get("probe") is not None:  # a board of no known kind: planned with the latency predictor
         device.measured["probe"] = json.loads(canonical_probe(msg["probe"]))  # checked in protocol: only its layers

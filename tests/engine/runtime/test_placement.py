@@ -43,8 +43,8 @@ def test_cuda_where_torch_sees_no_gpu_is_one_line_and_auto_computes_on_the_cpu()
     assert Placement.resolve("auto").device == torch.device("cpu")
     with pytest.raises(UserError, match="device must be one of auto, cpu, cuda; got 'tpu'"):
         RunOptions(device="tpu")
-    done = subprocess.run([sys.executable, "-m", "engine", "train", "--model", "gpt-small", "--cluster", "C",
-                           "--device", "cuda"], capture_output=True, text=True, timeout=120)  # fmt: skip
+    command = [sys.executable, "-m", "engine", "train", "--model", "gpt-small", "--cluster", "C", "--device", "cuda"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "sees no CUDA GPU" in done.stderr, done.stderr
 
 
