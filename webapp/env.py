@@ -13,6 +13,8 @@ from urllib.parse import urlsplit, urlunsplit
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from webapp.lib.files import write_once
+
 LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 HOSTNAME = re.compile(rf"(?=.{{1,253}}$){LABEL}(\.{LABEL})*")
 TRUE = {"1", "true", "yes", "on"}
@@ -240,15 +242,5 @@ def secret_key(debug: bool, path: Path, name: str = "DJANGO_SECRET_KEY") -> str:
     except FileNotFoundError:
         pass
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(secrets.token_urlsafe(50) + "\n")
-    try:
-        # link() fails if the key exists: two processes starting at once agree on the first complete key.
-        os.link(tmp, path)
-    except FileExistsError:
-        pass
-    finally:
-        tmp.unlink()
+    write_once(path, (secrets.token_urlsafe(50) + "\n").encode())  # processes starting at once agree on one key
     return path.read_text().strip()

@@ -10,7 +10,6 @@ lab's certificate; the store gateway always shows the site CA's, and boards trus
 
 from __future__ import annotations
 
-import os
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from engine import tls
 from webapp.env import WILDCARDS
+from webapp.lib.files import replace, write_once
 
 
 @dataclass(frozen=True)
@@ -51,28 +51,6 @@ def names() -> list[str]:
     return [n for n in dict.fromkeys([*found, "127.0.0.1", "localhost"]) if n and n not in WILDCARDS]
 
 
-def _write_once(path: Path, data: bytes) -> None:
-    """Write `path` unless it exists (then keep the one there: another process was first)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    try:
-        os.link(tmp, path)
-    except FileExistsError:
-        pass
-    finally:
-        tmp.unlink()
-
-
-def _replace(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
-
-
 def ensure() -> Files:
     """The TLS files, made where missing; ImproperlyConfigured (one line) for a lab certificate that cannot be read."""
     f = files()
@@ -80,18 +58,18 @@ def ensure() -> Files:
         f.ca.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         if not f.ca.exists() or not f.ca_key.exists():
             ca, ca_key = tls.make_ca(settings.ASTEROID_SITE_URL)
-            _write_once(f.ca_key, ca_key)  # the key first: a CA file is never without its key
+            write_once(f.ca_key, ca_key)  # the key first: a CA file is never without its key
             if f.ca_key.read_bytes() == ca_key:
-                _write_once(f.ca, ca)
+                write_once(f.ca, ca)
         ca, ca_key = f.ca.read_bytes(), f.ca_key.read_bytes()
         wanted = set(names())
         if not (f.cert.exists() and f.key.exists() and wanted <= tls.cert_names(f.cert.read_bytes())):
             cert, key = tls.server_cert(ca, ca_key, names())
-            _replace(f.key, key)
-            _replace(f.cert, cert)
+            replace(f.key, key)
+            replace(f.cert, cert)
         bundle = _lab_ca() + ca
         if not f.bundle.exists() or f.bundle.read_bytes() != bundle:
-            _replace(f.bundle, bundle)
+            replace(f.bundle, bundle)
     except OSError as exc:
         why = exc.strerror or exc
         raise ImproperlyConfigured(f"cannot write the site's TLS files in {f.ca.parent}: {why}") from None
